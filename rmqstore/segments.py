@@ -1,0 +1,173 @@
+"""Queues of fixed-size segment files named by their 20-digit start offset (spec §2).
+
+A :class:`SegmentQueue` lists a directory (or several, for a multi-path CommitLog),
+keeps the well-named segments in offset order and reports, rather than raises on,
+anything odd: stray files, wrong sizes, gaps, misaligned names. Read-only queues map
+files with ``ACCESS_READ``; nothing here writes unless the queue was opened writable.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from .config import SEGMENT_NAME
+from .errors import OffsetError, SegmentError
+
+
+def segment_name(offset: int) -> str:
+    """``%020d``: the file name of the segment starting at ``offset``."""
+    return f"{offset:020d}"
+
+
+@dataclass
+class SegmentProblem:
+    """Something odd about a segment queue's files; readers carry on around it."""
+
+    code: str  # stray-file | wrong-size | gap | misaligned | empty-file | unreadable
+    path: str
+    offset: int | None
+    detail: str
+
+
+@dataclass(eq=False)
+class Segment:
+    """One segment file: its start offset and a lazily opened memory map."""
+
+    path: Path
+    start: int
+    file_size: int
+    segment_size: int
+    writable: bool = False
+    _file: object = field(default=None, repr=False)
+    _map: mmap.mmap | None = field(default=None, repr=False)
+
+    @property
+    def end(self) -> int:
+        """Logical end offset: start + configured size."""
+        return self.start + self.segment_size
+
+    @property
+    def readable_size(self) -> int:
+        return min(self.file_size, self.segment_size)
+
+    def buffer(self):
+        """The file's bytes as a memory map (``b""`` for an empty file)."""
+        if self._map is None:
+            if self.file_size == 0:
+                return b""
+            try:
+                self._file = open(self.path, "r+b" if self.writable else "rb")
+                self._map = mmap.mmap(self._file.fileno(), 0,
+                                      access=mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ)
+            except OSError as e:
+                self.close()
+                raise SegmentError(f"cannot map segment: {e.strerror}", self.path) from None
+        return self._map
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class SegmentQueue:
+    """The segments of one queue (CommitLog, or one ConsumeQueue), in offset order."""
+
+    def __init__(self, dirs: Path | str | Iterable[Path | str], segment_size: int, *,
+                 writable: bool = False, kind: str = "segment"):
+        if isinstance(dirs, (str, os.PathLike)):
+            dirs = [dirs]
+        self.dirs = [Path(d) for d in dirs]
+        self.segment_size = segment_size
+        self.writable = writable
+        self.kind = kind
+        self.segments: list[Segment] = []
+        self.problems: list[SegmentProblem] = []
+        self._load()
+
+    def _load(self) -> None:
+        found: dict[int, Path] = {}
+        for d in self.dirs:
+            if not d.is_dir():
+                continue
+            for p in sorted(d.iterdir()):
+                if not SEGMENT_NAME.match(p.name) or not p.is_file():
+                    self.problems.append(SegmentProblem(
+                        "stray-file", str(p), None,
+                        f"not a {self.kind} segment (names are 20 digits)"))
+                    continue
+                found[int(p.name)] = p
+        for start in sorted(found):
+            p = found[start]
+            try:
+                size = p.stat().st_size
+            except OSError as e:
+                self.problems.append(SegmentProblem("unreadable", str(p), start, e.strerror or str(e)))
+                continue
+            if start % self.segment_size:
+                self.problems.append(SegmentProblem(
+                    "misaligned", str(p), start,
+                    f"start {start} is not a multiple of the segment size {self.segment_size}"))
+            if size == 0:
+                self.problems.append(SegmentProblem("empty-file", str(p), start, "zero-length segment file"))
+            elif size != self.segment_size:
+                self.problems.append(SegmentProblem(
+                    "wrong-size", str(p), start,
+                    f"{size} bytes, but segments are {self.segment_size} bytes"))
+            if self.segments and start != self.segments[-1].start + self.segment_size:
+                prev = self.segments[-1]
+                self.problems.append(SegmentProblem(
+                    "gap", str(p), start,
+                    f"previous segment {prev.path.name} ends at {prev.end}, this one starts at {start}"))
+            self.segments.append(Segment(p, start, size, self.segment_size, self.writable))
+
+    # --- lookup --------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.segments)
+
+    def __iter__(self):
+        return iter(self.segments)
+
+    @property
+    def min_offset(self) -> int:
+        return self.segments[0].start if self.segments else 0
+
+    @property
+    def limit_offset(self) -> int:
+        """One past the last byte any segment could hold."""
+        return self.segments[-1].end if self.segments else 0
+
+    def find(self, offset: int) -> tuple[Segment, int]:
+        """(segment, position) holding ``offset``; :class:`OffsetError` when none does."""
+        if self.segments:
+            first = self.segments[0].start
+            i = offset // self.segment_size - first // self.segment_size
+            if 0 <= i < len(self.segments) and self.segments[i].start <= offset < self.segments[i].end:
+                seg = self.segments[i]
+            else:  # gaps or odd names: fall back to a search, as the broker does
+                seg = next((s for s in self.segments if s.start <= offset < s.end), None)
+            if seg is not None:
+                pos = offset - seg.start
+                if pos < seg.readable_size:
+                    return seg, pos
+        raise OffsetError(
+            f"offset {offset} is outside the {self.kind} "
+            f"[{self.min_offset}, {self.limit_offset})", self.dirs[0] if self.dirs else None, offset)
+
+    def close(self) -> None:
+        for s in self.segments:
+            s.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
