@@ -1,0 +1,120 @@
+"""What every command shares: the app, error handling, output format, time parsing.
+
+Commands live in ``cli/cmd_*.py`` modules, each registering on :data:`app`; they parse
+arguments, call the library, and hand results to :mod:`cli.render`. Heavy modules
+(pyspark, pyarrow) are imported inside the commands that use them, never here.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import enum
+import functools
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from rmqstore.errors import EXIT_UNUSABLE, RmqStoreError
+
+app = typer.Typer(
+    name="rmqstore",
+    help="Read, check, repair and rebuild Apache RocketMQ broker stores, offline.",
+    no_args_is_help=True,
+    add_completion=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+class Format(str, enum.Enum):
+    table = "table"
+    json = "json"
+    jsonl = "jsonl"
+
+
+class BodyMode(str, enum.Enum):
+    base64 = "base64"
+    text = "text"
+    hex = "hex"
+    none = "none"
+
+
+def is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def resolve_format(fmt: Optional[Format]) -> Format:
+    """Table on a terminal, JSON Lines when piped, unless the user chose."""
+    if fmt is not None:
+        return fmt
+    return Format.table if is_terminal() else Format.jsonl
+
+
+def fail(message: str, code: int = EXIT_UNUSABLE) -> "typer.Exit":
+    """One line on stderr, then exit with ``code``."""
+    typer.echo(f"rmqstore: {message}", err=True)
+    return typer.Exit(code)
+
+
+def handles_errors(fn):
+    """Turn library errors (and a broken pipe) into one line and a documented exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RmqStoreError as e:
+            raise fail(str(e), e.exit_code) from None
+        except BrokenPipeError:
+            # The reader went away (`| head`): stop quietly, as Unix tools do.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            raise typer.Exit(0) from None
+        except KeyboardInterrupt:
+            raise fail("interrupted", 130) from None
+        except OSError as e:
+            where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+            raise fail(f"{where}{e.strerror or e}", EXIT_UNUSABLE) from None
+
+    return wrapper
+
+
+def parse_time(text: Optional[str], option: str) -> Optional[int]:
+    """Epoch milliseconds, or ISO-8601 (naive times are UTC), to epoch milliseconds."""
+    if text is None:
+        return None
+    t = text.strip()
+    if t.lstrip("-").isdigit():
+        return int(t)
+    try:
+        when = _dt.datetime.fromisoformat(t.replace("Z", "+00:00"))
+    except ValueError:
+        raise fail(f"{option}: not epoch milliseconds or ISO-8601: {text!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=_dt.timezone.utc)
+    return int(when.timestamp() * 1000)
+
+
+def iso(ms: Optional[int]) -> str:
+    """Epoch milliseconds as ISO-8601 UTC, for tables."""
+    if ms is None:
+        return ""
+    try:
+        return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+
+
+def existing_path(path: Path, what: str = "path") -> Path:
+    if not path.exists():
+        raise fail(f"{path}: no such {what}")
+    return path
+
+
+# Options shared by the commands that open a store.
+ConfigOption = typer.Option(None, "--config", "-c", help="broker.conf to take store geometry from (RocketMQ property names).", exists=False)
+FormatOption = typer.Option(None, "--format", "-f", help="Output format: table (default on a terminal), json, or jsonl (default when piped).", case_sensitive=False)
