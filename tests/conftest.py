@@ -1,0 +1,57 @@
+"""Shared test fixtures: the RocketMQ-written stores in ../shared/fixtures.
+
+Tests that need them skip with a clear reason when that folder is absent (a user's clone
+has none); CI and the developers' machines have it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(os.environ.get("RMQSTORE_FIXTURES", REPO.parent / "shared" / "fixtures"))
+ROCKETMQ_498 = FIXTURES / "rocketmq-4.9.8"
+SEGMENT_4X = FIXTURES / "rocketmq-4.x-segment" / "00000000000000000000"
+NO_FIXTURES = f"RocketMQ-written fixtures not found at {FIXTURES} (they live beside the repo, in ../shared/fixtures)"
+
+SCENARIOS = sorted(p.name for p in ROCKETMQ_498.iterdir()) if ROCKETMQ_498.is_dir() else []
+#: Scenarios whose manifest lists every message (the torn copies point at crash/'s list).
+MESSAGE_SCENARIOS = [s for s in SCENARIOS if not s.startswith("crash-")]
+
+
+def scenario_params(names=None):
+    names = SCENARIOS if names is None else names
+    if not names:
+        return [pytest.param(None, marks=pytest.mark.skip(reason=NO_FIXTURES))]
+    return names
+
+
+@pytest.fixture(scope="session")
+def fixtures_root() -> Path:
+    if not ROCKETMQ_498.is_dir():
+        pytest.skip(NO_FIXTURES)
+    return ROCKETMQ_498
+
+
+_manifests: dict[str, dict] = {}
+
+
+def manifest(scenario: str) -> dict:
+    """A scenario's manifest.json (cached; they are large)."""
+    if scenario not in _manifests:
+        _manifests[scenario] = json.loads((ROCKETMQ_498 / scenario / "manifest.json").read_text())
+    return _manifests[scenario]
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root``: to prove read-only commands change nothing."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
