@@ -162,6 +162,51 @@ class SegmentQueue:
             f"offset {offset} is outside the {self.kind} "
             f"[{self.min_offset}, {self.limit_offset})", self.dirs[0] if self.dirs else None, offset)
 
+    # --- write side (spec §2) ---------------------------------------------------------
+
+    def _writable_dir(self, start: int) -> Path:
+        # Multi-path CommitLog: round-robin over the sorted directories (spec §1.1).
+        dirs = sorted(self.dirs)
+        return dirs[(start // self.segment_size) % len(dirs)]
+
+    def create_segment(self, start: int) -> Segment:
+        """Create (or adopt, if already on disk) the writable segment starting at ``start``."""
+        for seg in self.segments:
+            if seg.start == start:
+                return seg
+        if start % self.segment_size:
+            raise SegmentError(f"segment start {start} is not a multiple of {self.segment_size}",
+                               self.dirs[0], start)
+        d = self._writable_dir(start)
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / segment_name(start)
+        try:
+            create_segment_file(path, self.segment_size)
+        except OSError as e:
+            raise SegmentError(f"cannot create segment: {e.strerror}", path, start) from None
+        seg = Segment(path, start, self.segment_size, self.segment_size, True)
+        self.segments.append(seg)
+        self.segments.sort(key=lambda s: s.start)
+        return seg
+
+    def delete_from(self, offset: int) -> list[Path]:
+        """Delete every segment that lies wholly at or after ``offset`` (truncateDirtyFiles /
+        the clean-shutdown removal of a preallocated, unused segment, spec §2, §10.4)."""
+        gone = []
+        keep = []
+        for seg in self.segments:
+            if seg.start >= offset:
+                seg.close()
+                try:
+                    seg.path.unlink()
+                except FileNotFoundError:
+                    pass
+                gone.append(seg.path)
+            else:
+                keep.append(seg)
+        self.segments[:] = keep
+        return gone
+
     def close(self) -> None:
         for s in self.segments:
             s.close()
@@ -171,3 +216,42 @@ class SegmentQueue:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# --- write side (spec §2: creation, preallocation, truncation) ---------------------------
+
+OS_PAGE_SIZE = 4096
+
+
+def create_segment_file(path: Path | str, size: int) -> None:
+    """A new segment of ``size`` zero bytes. The broker extends a new file by mapping it,
+    which leaves it sparse; ``ftruncate`` gives the same bytes (spec §2)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if os.fstat(fd).st_size != size:
+            os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _segment_fileno(seg: Segment) -> int:
+    seg.buffer()
+    return seg._file.fileno()
+
+
+def segment_sync(seg: Segment) -> None:
+    """Make the segment's written bytes durable. ``fdatasync`` on the file also writes
+    back pages dirtied through a shared mapping (Linux), and unlike ``mmap.flush`` it
+    releases the GIL while it waits on the disk."""
+    if seg.file_size:
+        os.fdatasync(_segment_fileno(seg))
+
+
+def segment_pwrite(seg: Segment, data, position: int) -> None:
+    """``write()`` bytes into the segment file (the transient pool's commit, spec §11.3)."""
+    fd = _segment_fileno(seg)
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, position)
+        view = view[n:]
+        position += n
