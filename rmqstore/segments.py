@@ -70,7 +70,10 @@ class Segment:
 
     def close(self) -> None:
         if self._map is not None:
-            self._map.close()
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # numpy views still use the map; it closes when they are gone
             self._map = None
         if self._file is not None:
             self._file.close()

@@ -1,0 +1,175 @@
+"""Read-only access to a whole store: what ``dump``, ``get``, ``query-key`` and ``stats`` do.
+
+``open_store(path)`` never writes: files are opened read-only and mapped ``ACCESS_READ``.
+Ops scripts use this module the way the CLI does::
+
+    with rmqstore.reader.open_store("/data/store") as store:
+        for msg in store.messages(topic="TopicA"):
+            ...
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .codec import Message, decode_offset_msg_id
+from .commitlog import CommitLog
+from .config import SEGMENT_NAME, StoreConfig, load_config
+from .errors import NotAStoreError, OffsetError, RmqStoreError
+from .scan import scan_buffer
+
+INDEX_NAME = re.compile(r"^\d{17}$")
+STORE_MARKERS = ("commitlog", "consumequeue", "index", "checkpoint")
+
+
+@dataclass
+class PathKind:
+    """What a path given on the command line is, and the store root it belongs to."""
+
+    kind: str  # store | commitlog-segment | consumequeue-dir | consumequeue-file | indexfile | checkpoint
+    path: Path
+    root: Path | None  # the store root, when the path sits inside one
+    topic: str | None = None
+    queue_id: int | None = None
+
+
+def classify(path: str | os.PathLike) -> PathKind:
+    """Recognise a store root or a store file from where it sits (see ``rmqstore dump``)."""
+    p = Path(path)
+    if not p.exists():
+        raise NotAStoreError("no such file or directory", p)
+    if p.is_dir():
+        if any((p / m).exists() for m in STORE_MARKERS):
+            return PathKind("store", p, p)
+        if p.parent.parent.name == "consumequeue" and p.name.lstrip("-").isdigit():
+            return PathKind("consumequeue-dir", p, p.parent.parent.parent,
+                            p.parent.name, int(p.name))
+        if p.name == "commitlog":
+            return PathKind("store", p.parent, p.parent)
+        raise NotAStoreError("not a RocketMQ store: no commitlog/, consumequeue/, index/ or checkpoint", p)
+    name, parent = p.name, p.parent
+    if name == "checkpoint":
+        return PathKind("checkpoint", p, parent)
+    if INDEX_NAME.match(name) and parent.name == "index":
+        return PathKind("indexfile", p, parent.parent)
+    if SEGMENT_NAME.match(name):
+        if parent.parent.parent.name == "consumequeue" and parent.name.lstrip("-").isdigit():
+            return PathKind("consumequeue-file", p, parent.parent.parent.parent,
+                            parent.parent.name, int(parent.name))
+        root = parent.parent if parent.name == "commitlog" else None
+        return PathKind("commitlog-segment", p, root)
+    raise NotAStoreError("not a store file: expected a 20-digit segment, a 17-digit index "
+                         "file, a checkpoint, or a store directory", p)
+
+
+class StoreReader:
+    """A read-only store: CommitLog, and (when present) ConsumeQueues and IndexFiles."""
+
+    def __init__(self, config: StoreConfig):
+        self.config = config
+        self.root = config.root
+        self.commitlog = CommitLog(config)
+
+    def close(self) -> None:
+        self.commitlog.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- messages ------------------------------------------------------------------------
+
+    def read_at(self, offset: int, *, check_crc: bool = False) -> Message:
+        return self.commitlog.read_at(offset, check_crc=check_crc)
+
+    def get_by_msg_id(self, msg_id: str) -> Message:
+        """By offsetMsgId (spec §5.1): the id's offset must hold a record from this host."""
+        host, offset = decode_offset_msg_id(msg_id)
+        msg = self.read_at(offset)
+        if msg.store_host != host:
+            raise OffsetError(f"record at {offset} was stored by {msg.store_host}, "
+                              f"but the id names {host}", self.root, offset)
+        return msg
+
+    def messages(self, *, topic: str | None = None, queue_id: int | None = None,
+                 from_offset: int | None = None, to_offset: int | None = None,
+                 since: int | None = None, until: int | None = None,
+                 limit: int | None = None) -> Iterator[Message]:
+        """Valid messages in physical order, filtered; the bulk scan finds them and only
+        the ones that pass the filters are decoded."""
+        yield from iter_messages(self.commitlog, topic=topic, queue_id=queue_id,
+                                 from_offset=from_offset, to_offset=to_offset,
+                                 since=since, until=until, limit=limit)
+
+
+def iter_messages(commitlog: CommitLog, *, topic=None, queue_id=None, from_offset=None,
+                  to_offset=None, since=None, until=None, limit=None) -> Iterator[Message]:
+    import numpy as np
+
+    count = 0
+    for seg in commitlog.segments:
+        if to_offset is not None and seg.start >= to_offset:
+            return
+        if from_offset is not None and seg.end <= from_offset:
+            continue
+        scan = scan_buffer(seg.buffer(), seg.start, seg.readable_size)
+        cols = scan.records
+        keep = np.ones(len(cols), dtype=bool)
+        off = cols.offset
+        if from_offset is not None:
+            keep &= off >= from_offset
+        if to_offset is not None:
+            keep &= off < to_offset
+        if queue_id is not None:
+            keep &= cols.queue_id == queue_id
+        if since is not None:
+            keep &= cols.store_timestamp >= since
+        if until is not None:
+            keep &= cols.store_timestamp <= until
+        if topic is not None and keep.any():
+            names, ids = cols.topic_table()
+            wanted = [i for i, n in enumerate(names) if n == topic]
+            keep &= np.isin(ids, wanted)
+        for i in np.flatnonzero(keep).tolist():
+            yield cols.message(i)
+            count += 1
+            if limit is not None and count >= limit:
+                return
+        if scan.stop != "blank" and scan.stop != "end":
+            return  # valid data ends in this segment (spec §10.1)
+
+
+def open_store(path: str | os.PathLike, conf: str | os.PathLike | None = None,
+               **overrides) -> StoreReader:
+    """Open the store at ``path`` read-only; geometry from ``conf``, options, or the files."""
+    kind = classify(path)
+    if kind.kind != "store":
+        raise NotAStoreError(f"is a {kind.kind}, not a store root", path)
+    return StoreReader(load_config(kind.root, conf, overrides))
+
+
+def open_segment_file(path: str | os.PathLike, conf=None, **overrides) -> StoreReader:
+    """A reader over one loose CommitLog segment file (its name gives its start offset)."""
+    p = Path(path)
+    size = p.stat().st_size
+    cfg = load_config(None, conf, {"mapped_file_size_commit_log": size or 1, **overrides}, infer=False)
+    from .segments import SegmentQueue
+
+    q = SegmentQueue([p.parent], cfg.mapped_file_size_commit_log, kind="commitlog")
+    q.segments = [s for s in q.segments if s.path.name == p.name]
+    q.problems = [x for x in q.problems if Path(x.path).name == p.name]
+    reader = StoreReader.__new__(StoreReader)
+    reader.config = cfg
+    reader.root = p.parent
+    reader.commitlog = CommitLog(cfg, queue=q)
+    return reader
+
+
+__all__ = ["PathKind", "StoreReader", "classify", "open_store", "open_segment_file",
+           "iter_messages", "RmqStoreError"]
