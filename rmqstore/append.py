@@ -1,0 +1,299 @@
+"""The CommitLog appender: records into segments, BLANK at a segment's end, queue offsets.
+
+This is the broker's ``CommitLog.putMessage`` / ``putMessages`` path without the network:
+a message is checked against the limits of spec §3.6 (a failed check is a returned
+:class:`PutStatus`, never an exception), encoded outside the lock (§3.1), and written
+under the store-wide append lock, which assigns its QUEUEOFFSET (§3.2), PHYSICALOFFSET
+and, when asked, STORETIMESTAMP. A record that does not fit the rest of the segment
+leaves an 8-byte BLANK there and moves to the next one (§4); a batch moves as a whole
+(§3.7). Durability is :mod:`rmqstore.flush`'s business, CQ and index :mod:`rmqstore.dispatch`'s.
+
+Concurrent readers of the files see only whole records: a record's bytes are written
+tail first and its TOTALSIZE field last, so until then a scan finds zeros (end of data).
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from . import layout as L
+from .codec import Message, body_crc, offset_msg_id, serialize_properties
+from .config import StoreConfig
+from .segments import Segment, SegmentQueue
+
+_BLANK = L.BLANK_STRUCT
+_HOST_BITS = L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6
+_NO_QUEUE_OFFSET = (L.TRANSACTION_PREPARED, L.TRANSACTION_ROLLBACK)
+_SHORT_MAX = 32767
+
+
+class PutStatus(str, enum.Enum):
+    """PutMessageStatus (spec §3.6); the 5.x spellings."""
+
+    PUT_OK = "PUT_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+    CREATE_MAPPED_FILE_FAILED = "CREATE_MAPPED_FILE_FAILED"
+    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
+    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
+    OS_PAGE_CACHE_BUSY = "OS_PAGE_CACHE_BUSY"
+    UNKNOWN_ERROR = "UNKNOWN_ERROR"
+
+
+@dataclass(slots=True)
+class PutResult:
+    """What a put reports back: status, where the record went, its ids."""
+
+    status: PutStatus
+    offset: int = -1  # wroteOffset: PHYSICALOFFSET of the record
+    size: int = 0  # wroteBytes: TOTALSIZE
+    queue_offset: int = -1
+    store_timestamp: int = 0
+    msg_id: str = ""  # offsetMsgId (spec §5.1)
+    reason: str = ""  # why a put failed, for people
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutStatus.PUT_OK
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A message checked and encoded up to the fields the append lock assigns."""
+
+    msg: Message
+    key: tuple[bool, bool]  # (born host v6, store host v6): which fixed layout
+    magic: int
+    sys_flag: int
+    crc: int
+    total: int
+    tail: bytes  # body, topic and properties with their length fields
+    properties: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Appended:
+    """One record as written, with what dispatch needs (spec §9)."""
+
+    offset: int
+    size: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+    sys_flag: int
+    store_timestamp: int
+    properties: dict
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _java_length(s: str) -> int:
+    """Java ``String.length()``: UTF-16 code units."""
+    return len(s) + sum(1 for ch in s if ord(ch) > 0xFFFF)
+
+
+def prepare(msg: Message, config: StoreConfig) -> Prepared | PutResult:
+    """Check ``msg`` against the limits in the broker's order and encode its variable part
+    (spec §3.6). Returns a failed :class:`PutResult` instead of raising."""
+    v5 = config.broker_version != "4.9"
+    topic = msg.topic
+    topic_b = topic.encode("utf-8", "replace")
+    text = msg.properties_text
+    if not v5:
+        # 4.9's DefaultMessageStore checks Java lengths first, both as MESSAGE_ILLEGAL.
+        if _java_length(topic) > 127:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"topic is longer than 127 characters")
+        if msg.magic == L.MAGIC_V2:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="magic v2 is unknown to a 4.9 store")
+    else:
+        # 5.x broker hook: topic byte limits; %RETRY% topics may go up to 255 (§3.2).
+        if len(topic_b) > 255 or (len(topic_b) > 127 and not topic.startswith("%RETRY%")):
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="topic is too long")
+    if text is None:
+        text = serialize_properties(msg.properties, config.trailing_separator)
+        props = msg.properties
+    else:
+        props = None
+    if not v5 and len(text) > _SHORT_MAX and _java_length(text) > _SHORT_MAX:
+        return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="properties are longer than 32767 characters")
+    props_b = text.encode("utf-8", "replace")
+    if len(props_b) > _SHORT_MAX:
+        return PutResult(PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                         reason=f"properties are {len(props_b)} bytes, more than 32767")
+    body = msg.body or b""
+    if len(body) > config.max_message_size:
+        return PutResult(PutStatus.MESSAGE_ILLEGAL,
+                         reason=f"body is {len(body)} bytes, more than maxMessageSize {config.max_message_size}")
+    magic = L.MAGIC_V1
+    if v5 and (msg.magic == L.MAGIC_V2 or _java_length(topic) > 127):
+        magic = L.MAGIC_V2
+    born6, store6 = msg.born_host.is_v6, msg.store_host.is_v6
+    sys_flag = (msg.sys_flag & ~_HOST_BITS) | (L.SYSFLAG_BORNHOST_V6 if born6 else 0) | (
+        L.SYSFLAG_STOREHOST_V6 if store6 else 0)
+    tsize = 2 if magic == L.MAGIC_V2 else 1
+    total = L.RECORD_FIXED_SIZE[born6, store6] + len(body) + tsize + len(topic_b) + 2 + len(props_b)
+    if total > config.max_message_size + 65536:
+        return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"record of {total} bytes is over the limit")
+    if total + L.END_FILE_MIN_BLANK_LENGTH > config.mapped_file_size_commit_log:
+        # The broker would write a BLANK over a whole fresh segment and fail; refuse early.
+        return PutResult(PutStatus.MESSAGE_ILLEGAL,
+                         reason=f"record of {total} bytes cannot fit a {config.mapped_file_size_commit_log}-byte segment")
+    tail = b"".join((body, len(topic_b).to_bytes(tsize, "big"), topic_b,
+                     len(props_b).to_bytes(2, "big"), props_b))
+    if props is None:
+        from .codec import parse_properties
+        props = parse_properties(text)
+    return Prepared(msg, (born6, store6), magic, sys_flag, body_crc(body), total, tail, props)
+
+
+class CommitLogAppender:
+    """Appends prepared records at the end of a writable CommitLog segment queue.
+
+    ``end`` is where the next record goes; ``queue_offsets`` maps (topic, queueId) to the
+    next queue offset, restored by the caller from the ConsumeQueues (spec §10.6).
+    ``buffer_for`` returns the writable bytes of a segment: its mmap, or a transient-pool
+    buffer (spec §11.3). ``on_new_segment`` is told when a segment is started.
+    """
+
+    def __init__(self, config: StoreConfig, queue: SegmentQueue, end: int,
+                 queue_offsets: dict[tuple[str, int], int] | None = None, *,
+                 buffer_for: Callable[[Segment], object] | None = None,
+                 preallocate: bool = True):
+        self.config = config
+        self.queue = queue
+        self.size = config.mapped_file_size_commit_log
+        self.queue_offsets: dict[tuple[str, int], int] = dict(queue_offsets or {})
+        self.lock = threading.RLock()
+        self.preallocate = preallocate
+        self._buffer_for = buffer_for or (lambda seg: seg.buffer())
+        self.end = end  # absolute offset of the next record
+        self.last_store_timestamp = 0
+        self._seg: Segment | None = None
+        self._buf = None
+        if end % self.size or any(s.start == end for s in queue.segments):
+            # Continue inside the segment that holds ``end`` (or starts there).
+            self._open_segment(end - end % self.size)
+
+    # --- segments ------------------------------------------------------------------------
+
+    def _open_segment(self, start: int) -> None:
+        seg = self.queue.create_segment(start)
+        if self.preallocate:
+            # The broker asks for the next-next segment when it takes a new one (spec §2).
+            self.queue.create_segment(start + self.size)
+        self._seg = seg
+        self._buf = self._buffer_for(seg)
+
+    def _room(self) -> int:
+        return self.size - self.end % self.size if self._seg is not None else 0
+
+    def _write_blank(self) -> None:
+        """Close the current segment with an 8-byte BLANK and start the next (spec §4)."""
+        if self._seg is not None:
+            pos = self.end - self._seg.start
+            left = self.size - pos
+            buf = self._buf
+            # Magic first, size last: a concurrent scan sees zeros, then the whole BLANK.
+            buf[pos + 4:pos + 8] = _BLANK.pack(0, L.MAGIC_BLANK)[4:]
+            buf[pos:pos + 4] = left.to_bytes(4, "big", signed=True)
+            self.end += left
+        self._open_segment(self.end)
+
+    # --- append --------------------------------------------------------------------------
+
+    def _next_queue_offset(self, p: Prepared) -> tuple[tuple[str, int], int, bool]:
+        key = (p.msg.topic, p.msg.queue_id)
+        if p.sys_flag & L.SYSFLAG_TRANSACTION_MASK in _NO_QUEUE_OFFSET:
+            return key, 0, False  # PREPARED / ROLLBACK: 0, and no advance (spec §3.2)
+        return key, self.queue_offsets.get(key, 0), True
+
+    def _encode(self, p: Prepared, phys: int, queue_offset: int, store_ts: int) -> bytes:
+        m = p.msg
+        head = L.RECORD_FIXED_STRUCT[p.key].pack(
+            p.total, p.magic, p.crc, m.queue_id, m.flag, queue_offset, phys, p.sys_flag,
+            m.born_timestamp, m.born_host.address, m.born_host.port, store_ts,
+            m.store_host.address, m.store_host.port, m.reconsume_times,
+            m.prepared_transaction_offset, len(m.body or b""))
+        return head + p.tail
+
+    def _place(self, data, n: int) -> int:
+        """Write ``n`` bytes at ``end``, TOTALSIZE of the first record last."""
+        pos = self.end - self._seg.start
+        buf = self._buf
+        buf[pos + 4:pos + n] = memoryview(data)[4:n]
+        buf[pos:pos + 4] = data[:4]
+        self.end += n
+        return pos
+
+    def append(self, p: Prepared, *, stamp: bool = False) -> tuple[PutResult, Appended]:
+        """Append one prepared record; the caller holds :attr:`lock`."""
+        if self._seg is None or p.total + L.END_FILE_MIN_BLANK_LENGTH > self._room():
+            self._write_blank()
+        m = p.msg
+        store_ts = now_ms() if stamp else m.store_timestamp
+        key, qoff, advance = self._next_queue_offset(p)
+        phys = self.end
+        data = self._encode(p, phys, qoff, store_ts)
+        self._place(data, p.total)
+        if advance:
+            self.queue_offsets[key] = qoff + 1
+        self.last_store_timestamp = store_ts
+        result = PutResult(PutStatus.PUT_OK, phys, p.total, qoff, store_ts,
+                           offset_msg_id(m.store_host, phys))
+        return result, Appended(phys, p.total, m.topic, m.queue_id, qoff, p.sys_flag, store_ts,
+                                p.properties)
+
+    def append_batch(self, preps: Sequence[Prepared], *,
+                     stamp: bool = False) -> tuple[list[PutResult], list[Appended]]:
+        """Append records that must share one segment (a regular batch, spec §3.7).
+        The caller holds :attr:`lock` and has checked that the batch fits a segment."""
+        total = sum(p.total for p in preps)
+        if self._seg is None or total + L.END_FILE_MIN_BLANK_LENGTH > self._room():
+            self._write_blank()
+        store_ts = now_ms() if stamp else None
+        start = self.end
+        phys = start
+        chunks = []
+        results, appended = [], []
+        counters = self.queue_offsets
+        for p in preps:
+            m = p.msg
+            ts = m.store_timestamp if store_ts is None else store_ts
+            key, qoff, advance = self._next_queue_offset(p)
+            chunks.append(self._encode(p, phys, qoff, ts))
+            if advance:
+                counters[key] = qoff + 1
+            results.append(PutResult(PutStatus.PUT_OK, phys, p.total, qoff, ts,
+                                     offset_msg_id(m.store_host, phys)))
+            appended.append(Appended(phys, p.total, m.topic, m.queue_id, qoff, p.sys_flag, ts,
+                                     p.properties))
+            phys += p.total
+            self.last_store_timestamp = ts
+        data = b"".join(chunks)
+        self._place(data, len(data))
+        return results, appended
+
+    def append_encoded(self, data, total: int, count: int, last_store_timestamp: int) -> int:
+        """Place ``total`` bytes of ready records (the vectorised batch path) that were
+        encoded for PHYSICALOFFSET :meth:`reserve` returned. Caller holds the lock."""
+        self._place(data, total)
+        self.last_store_timestamp = last_store_timestamp
+        return count
+
+    def reserve(self, total: int) -> int:
+        """Where a batch of ``total`` bytes will start, after a BLANK if it must move."""
+        if self._seg is None or total + L.END_FILE_MIN_BLANK_LENGTH > self._room():
+            self._write_blank()
+        return self.end
+
+    @property
+    def current_segment(self) -> Segment | None:
+        return self._seg
