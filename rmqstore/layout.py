@@ -275,6 +275,20 @@ RECORD_FIXED_STRUCT = {k: derive_struct(v) for k, v in RECORD_FIXED.items()}
 RECORD_FIXED_DTYPE = {k: derive_dtype(v) for k, v in RECORD_FIXED.items()}
 RECORD_FIXED_FIELDS = {k: derive_fields(v) for k, v in RECORD_FIXED.items()}
 
+
+
+def derive_offsets(con: Construct) -> dict[str, tuple[int, int]]:
+    """(byte offset, width) of each field of a fixed schema, nested names flattened."""
+    out, pos = {}, 0
+    for name, code in _flatten(con):
+        width = struct.calcsize(">" + code)
+        if name:
+            out[name] = (pos, width)
+        pos += width
+    return out
+
+
+RECORD_FIXED_OFFSETS = {k: derive_offsets(v) for k, v in RECORD_FIXED.items()}
 RECORD_HEAD_STRUCT = derive_struct(RecordHead)
 RECORD_HEAD_SIZE = RecordHead.sizeof()
 BLANK_STRUCT = derive_struct(Struct("total_size" / Int32sb, "magic" / Int32sb))
@@ -289,6 +303,7 @@ INDEX_HEADER_STRUCT = derive_struct(IndexHeader)
 INDEX_HEADER_DTYPE = derive_dtype(IndexHeader)
 INDEX_SLOT_SIZE = IndexSlot.sizeof()
 INDEX_SLOT_DTYPE = derive_dtype(IndexSlot)
+INDEX_SLOT_STRUCT = derive_struct(IndexSlot)
 INDEX_ENTRY_SIZE = IndexEntry.sizeof()
 INDEX_ENTRY_STRUCT = derive_struct(IndexEntry)
 INDEX_ENTRY_DTYPE = derive_dtype(IndexEntry)
@@ -296,11 +311,5 @@ INDEX_ENTRY_DTYPE = derive_dtype(IndexEntry)
 CHECKPOINT_V4_STRUCT = derive_struct(Struct(*_CHECKPOINT_V4_FIELDS))
 CHECKPOINT_V5_STRUCT = derive_struct(Struct(*_CHECKPOINT_V5_FIELDS))
 
-#: Offsets of single fields the scanners read directly, derived from the head schema.
-_HEAD_OFFSETS = {}
-_pos = 0
-for _name, _code in _flatten(RecordHead):
-    _HEAD_OFFSETS[_name] = _pos
-    _pos += struct.calcsize(">" + _code)
-OFFSET_OF = dict(_HEAD_OFFSETS)
-del _pos, _name, _code
+#: Offsets of the head fields, the same for every record.
+OFFSET_OF = {name: off for name, (off, _) in derive_offsets(RecordHead).items()}
