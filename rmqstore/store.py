@@ -1,0 +1,258 @@
+"""``MessageStore``: the writer engine behind one store root (put, put_batch, close).
+
+Opening takes the broker's ``lock`` (spec §8.3) and keeps it until :meth:`close`;
+another holder makes :meth:`MessageStore.open` raise :class:`StoreLockedError`. It then
+creates ``abort`` (§8.2: empty for 4.9, the PID for 5), finds the end of the CommitLog
+(§10.1), and restores the next queue offset of every queue from the ConsumeQueues
+(§10.6), first re-dispatching any records the queues lack (the 4.9 reput start, §9).
+
+A clean :meth:`close` stops dispatch and flushing, syncs everything, deletes the
+preallocated segment nothing was written to (§2), writes the checkpoint (§8.1: 3 longs
+for 4.9, 5 for 5) and only then removes ``abort``.
+
+``brokerVersion`` (config.broker_version) picks the on-disk conventions of §13: the
+trailing property separator, magic v2 for long topics, and the checkpoint length.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from . import checkpoint as ckpt
+from . import layout as L
+from .append import Appended, CommitLogAppender, PutResult, PutStatus, prepare
+from .codec import Message
+from .commitlog import CommitLog
+from .config import StoreConfig, load_config
+from .dispatch import BackgroundDispatcher, Dispatcher, queue_state
+from .errors import NotAStoreError, RecordError
+from .flush import FlushService, TransientPool
+from .index import IndexGeometry, IndexService
+from .segments import SegmentQueue
+
+DISPATCH_MODES = ("sync", "background", "off")
+
+
+class MessageStore:
+    """A store open for writing. Use :meth:`open`; thread-safe ``put``/``put_batch``."""
+
+    def __init__(self, config: StoreConfig, *, dispatch: str = "sync", clock=None):
+        if dispatch not in DISPATCH_MODES:
+            raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
+        self.config = config
+        self.root = Path(config.store_path_root_dir)
+        self._lock = ckpt.StoreLock(self.root).acquire()
+        self._closed = False
+        try:
+            self._open(dispatch, clock)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    @classmethod
+    def open(cls, root: str | os.PathLike, config: StoreConfig | None = None,
+             create: bool = False, *, dispatch: str = "sync", clock=None) -> "MessageStore":
+        """Open the store at ``root`` for writing (``create`` makes a new one).
+
+        ``dispatch``: "sync" (CQ and index written before put returns), "background"
+        (a reput thread follows the appends) or "off". ``clock`` names new index files.
+        """
+        root = Path(root)
+        if config is None:
+            config = load_config(root)
+        else:
+            config = config.with_values(store_path_root_dir=str(root))
+        if not root.is_dir():
+            if not create:
+                raise NotAStoreError("no such store (use create to make a new one)", root)
+            root.mkdir(parents=True)
+        elif not create and not any((root / m).exists() for m in
+                                    ("commitlog", "consumequeue", "index", "checkpoint")):
+            raise NotAStoreError("not a RocketMQ store root (no commitlog, consumequeue, "
+                                 "index or checkpoint)", root)
+        return cls(config, dispatch=dispatch, clock=clock)
+
+    # --- opening -------------------------------------------------------------------------
+
+    def _open(self, dispatch: str, clock) -> None:
+        cfg = self.config
+        self.v5 = cfg.broker_version != "4.9"
+        self.was_clean = not ckpt.abort_exists(self.root)
+        cp_path = self.root / ckpt.CHECKPOINT
+        self.checkpoint = ckpt.read_checkpoint(cp_path) if cp_path.exists() else ckpt.Checkpoint()
+        ckpt.create_abort(self.root, str(os.getpid()).encode() if self.v5 else b"")
+
+        queue = SegmentQueue(cfg.commit_log_dirs, cfg.mapped_file_size_commit_log,
+                             writable=True, kind="commitlog")
+        bad = [p for p in queue.problems if p.code in ("wrong-size", "misaligned", "gap")]
+        if bad:
+            queue.close()
+            raise RecordError(f"commitlog segment problem: {bad[0].detail}", bad[0].path, bad[0].offset)
+        end = self._find_end(queue)
+        size = cfg.mapped_file_size_commit_log
+        # Segments wholly after the end hold nothing valid: the broker deletes them (§10.4).
+        queue.delete_from(end - end % size + size)
+        self._log_queue = queue
+
+        geometry = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
+        index = IndexService(cfg.index_dir, geometry, clock=clock,
+                             max_msgs_num_batch=cfg.max_msgs_num_batch) \
+            if cfg.message_index_enable else None
+        self.dispatcher = Dispatcher(cfg, index=index)
+        self.dispatcher.logics_timestamp = self.checkpoint.logics_msg_timestamp
+
+        offsets, max_phy = queue_state(self.root, cfg.cq_file_size)
+        if max_phy > end:
+            raise RecordError("ConsumeQueue units point past the CommitLog's end "
+                              f"({max_phy} > {end}); repair the store first", self.root, end)
+        reput_from = max(queue.min_offset, max_phy)
+        if queue.segments and reput_from < end:
+            with CommitLog(cfg, queue=queue) as log_view:
+                self.dispatcher.dispatch_log(log_view, reput_from, end)
+            offsets, _ = queue_state(self.root, cfg.cq_file_size)
+
+        self.pool = TransientPool(size, cfg.transient_store_pool_size) \
+            if cfg.transient_store_pool_enable else None
+        self.appender = CommitLogAppender(
+            cfg, queue, end, offsets,
+            buffer_for=self.pool.buffer_for if self.pool else None)
+        self.physic_timestamp = self.checkpoint.physic_msg_timestamp
+
+        def flushed(ts: int) -> None:
+            self.physic_timestamp = ts
+
+        self.flusher = FlushService(self.appender, cfg, pool=self.pool, on_flushed=flushed)
+        self.flusher.start()
+        self.dispatch_mode = dispatch
+        self.background = BackgroundDispatcher(self.dispatcher) if dispatch == "background" else None
+        self.last_record_offset = -1
+
+    def _find_end(self, queue: SegmentQueue) -> int:
+        """End of valid data (spec §10.1): from the third-to-last segment after a clean
+        shutdown, from the first after a crash (``abort`` was present)."""
+        if not queue.segments:
+            return 0
+        start = queue.segments[max(0, len(queue.segments) - 3)].start if self.was_clean \
+            else queue.segments[0].start
+        view = CommitLog(self.config, queue=queue)
+        return view.find_end(start).offset
+
+    # --- writing -------------------------------------------------------------------------
+
+    def _after(self, records: list[Appended]) -> None:
+        if self.background is not None:
+            self.background.submit(records)
+        elif self.dispatch_mode == "sync":
+            self.dispatcher.dispatch_many(records)
+
+    def _wait_flush(self, results: list[PutResult], wait: bool) -> None:
+        if not self.flusher.sync or not wait:
+            return
+        end = results[-1].offset + results[-1].size
+        if not self.flusher.wait_flushed(end):
+            for r in results:
+                r.status = PutStatus.FLUSH_DISK_TIMEOUT
+
+    def put(self, msg: Message, *, stamp: bool = False) -> PutResult:
+        """Append one message as given (its stored form). ``stamp`` sets STORETIMESTAMP to
+        the clock under the append lock, as the broker does. Never raises for a bad
+        message: the status says why (spec §3.6)."""
+        self._check_open()
+        p = prepare(msg, self.config)
+        if isinstance(p, PutResult):
+            return p
+        a = self.appender
+        with a.lock:
+            result, record = a.append(p, stamp=stamp)
+            self._after([record])
+            self.last_record_offset = result.offset
+        self._wait_flush([result], msg.properties.get("WAIT") != "false")
+        return result
+
+    def put_batch(self, msgs: Sequence[Message], *, stamp: bool = False) -> list[PutResult]:
+        """Append messages as one regular batch (spec §3.7): one record each, all in one
+        segment (the whole batch moves on if it does not fit), consecutive queue offsets.
+        If any message fails a check, none is written and all report that status."""
+        self._check_open()
+        if not msgs:
+            return []
+        preps = []
+        for m in msgs:
+            p = prepare(m, self.config)
+            if isinstance(p, PutResult):
+                return [PutResult(p.status, reason=p.reason) for _ in msgs]
+            preps.append(p)
+        total = sum(p.total for p in preps)
+        if total + L.END_FILE_MIN_BLANK_LENGTH > self.config.mapped_file_size_commit_log:
+            why = f"batch of {total} bytes cannot fit one commitlog segment"
+            return [PutResult(PutStatus.MESSAGE_ILLEGAL, reason=why) for _ in msgs]
+        a = self.appender
+        with a.lock:
+            results, records = a.append_batch(preps, stamp=stamp)
+            self._after(records)
+            self.last_record_offset = results[-1].offset
+        self._wait_flush(results, True)
+        return results
+
+    # --- state ---------------------------------------------------------------------------
+
+    @property
+    def max_offset(self) -> int:
+        """End of the CommitLog data readers may read (committed, with a pool)."""
+        return self.flusher.readable_end()
+
+    @property
+    def queue_offsets(self) -> dict[tuple[str, int], int]:
+        with self.appender.lock:
+            return dict(self.appender.queue_offsets)
+
+    def wait_dispatched(self) -> None:
+        if self.background is not None:
+            self.background.wait_idle()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RecordError("the store is closed", self.root)
+
+    # --- closing -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Clean shutdown: dispatch caught up, everything synced, checkpoint written,
+        preallocated empty segment deleted, ``abort`` removed, lock released."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.background is not None:
+                self.background.stop()
+            self.flusher.stop()
+            self.dispatcher.flush()
+            end = self.appender.end
+            # The preallocated next segment was never written: a clean shutdown drops it.
+            self._log_queue.delete_from(end if end else 0)
+            index = self.dispatcher.index
+            cp = self.checkpoint
+            cp.physic_msg_timestamp = self.physic_timestamp
+            cp.logics_msg_timestamp = self.dispatcher.logics_timestamp
+            if index is not None and index.index_msg_timestamp is not None:
+                cp.index_msg_timestamp = index.index_msg_timestamp
+            if self.v5 and self.last_record_offset >= 0:
+                cp.confirm_phy_offset = self.last_record_offset
+            self.dispatcher.close()
+            self._log_queue.close()
+            ckpt.write_checkpoint(self.root, cp, version="5.x" if self.v5 else "4.9")
+            error = self.background.error if self.background is not None else None
+            if error is None:
+                ckpt.remove_abort(self.root)  # only once everything is consistent (§8.2)
+        finally:
+            self._lock.release()
+        if error is not None:
+            raise error
+
+    def __enter__(self) -> "MessageStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
