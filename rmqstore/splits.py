@@ -1,0 +1,1039 @@
+"""CommitLog byte-range splits: plan them, read one anywhere, stitch them back together.
+
+This is the decoding core shared by the CLI (one process or a process pool) and the
+Spark jobs (:mod:`rmqstore.pipeline`); it imports numpy only, and pyarrow lazily inside
+the functions that build Arrow data. It never imports pyspark.
+
+How a split is read (spark-notes "Reading CommitLog files", spec §2, §3, §4):
+
+* The driver cuts every segment file into byte ranges (:func:`plan_splits`). A task
+  owns exactly the records that *start* in its range ``[begin, end)``.
+* A task opens its own file: a read-only mmap for a local path, or ``pyarrow.fs``
+  ``read_at`` of the range plus an overhang that grows when a record runs past it, for
+  a Hadoop-compatible URI (``hdfs://``, ``s3://``, ...).
+* Position 0 of a segment is always a record start (records never span segments,
+  spec §4). Any other range resyncs to the first position at or after ``begin`` where
+  (1) the magic matches, (2) the size is plausible, (3) body, topic and properties
+  lengths add up to the size exactly, (4) the stored PHYSICALOFFSET equals file base +
+  position, and (5) the size chain holds for 3 hops or ends exactly at the end of the
+  file, at a BLANK filling the rest, or at an all-zero tail.
+* Resync is a heuristic, so the driver checks it (:func:`stitch`): within a file the
+  chain must be unbroken, each split's first record being the previous split's "next".
+  A split that resynced wrong is read again with a forced start; records after the end
+  of valid data (a BLANK, zeros, a torn record) are dropped, so the union of all splits
+  is exactly what a sequential walk from the first segment sees (spec §10.1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from . import layout as L
+from . import scan
+from .codec import SCHEDULE_TOPIC, Host, parse_delay_levels, tags_code
+from .errors import NotAStoreError, RecordError, SegmentError
+
+DEFAULT_SPLIT_SIZE = 64 * 1024 * 1024
+#: Resync hops (rule 5) and how far a remote window reaches past a range at first.
+RESYNC_HOPS = 3
+REMOTE_OVERHANG = 1024 * 1024
+#: How much of an "all-zero tail" a resync candidate must see: a whole 1 GiB tail would
+#: cost a full read; the driver's chain check catches whatever this lets through.
+ZERO_TAIL_PROBE = 64 * 1024
+
+_MIN_RECORD = L.RECORD_FIXED_SIZE[False, False] + 3  # empty body, 1-byte topic length, no props
+_HEAD = L.BLANK_STRUCT  # (total_size, magic): the first 8 bytes of any record
+_MAGIC_AT = L.OFFSET_OF["magic"]
+_PHYS_AT = L.OFFSET_OF["physical_offset"]
+_SYSFLAG_AT = L.OFFSET_OF["sys_flag"]
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+_I8 = struct.Struct(">b")
+_I64 = struct.Struct(">q")
+_MAGIC_V1_BYTES = _I32.pack(L.MAGIC_V1)
+_MAGIC_V2_BYTES = _I32.pack(L.MAGIC_V2)
+_MAGIC_PREFIX = os.path.commonprefix([_MAGIC_V1_BYTES, _MAGIC_V2_BYTES])
+_MAGIC_LAST = {_MAGIC_V1_BYTES[-1], _MAGIC_V2_BYTES[-1]}
+#: Stop reasons after which the next segment file continues the chain (spec §4, §10.1).
+FILE_DONE = ("blank", "end")
+
+
+# --- planning ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Split:
+    """One byte range of one CommitLog segment file. Small and picklable: it is what the
+    driver ships to a task."""
+
+    split_id: int
+    store: str  # the store root exactly as the user gave it
+    path: str  # segment file: a local path or a URI pyarrow.fs understands
+    file_index: int  # position of the file in the store's segment order
+    file_start: int  # the segment's start offset (its name)
+    file_size: int  # readable bytes: min(file length, segment size)
+    segment_size: int
+    begin: int  # first byte of the range, relative to the file
+    end: int  # one past the last byte of the range
+    max_record: int  # largest plausible TOTALSIZE (maxMessageSize + 64 KiB, spec §3.6)
+    contiguous: bool = True  # the file starts where the previous one ended (spec §2)
+    start: int | None = None  # forced first record position: no resync
+
+    def with_start(self, start: int) -> Split:
+        return dataclasses.replace(self, start=start)
+
+
+def is_remote(path: str) -> bool:
+    """A URI with a scheme other than ``file``: read through pyarrow.fs."""
+    return "://" in path and not path.startswith("file://")
+
+
+def _local(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+@dataclass
+class StoreFiles:
+    """The CommitLog segment files of one store, in offset order."""
+
+    store: str
+    segment_size: int
+    max_record: int
+    files: list[tuple[str, int, int]]  # (path, start offset, file length)
+    delay_millis: tuple[int, ...]
+
+
+def list_store(store: str, *, segment_size: int | None = None, conf=None) -> StoreFiles:
+    """The CommitLog files of a store root (local path or URI), with the geometry the
+    readers need. Local stores take geometry from :func:`rmqstore.config.load_config`
+    (broker.conf > files > defaults); remote ones from the file lengths."""
+    from .config import SEGMENT_NAME, load_config
+
+    if not is_remote(store):
+        root = _local(store)
+        if not os.path.isdir(root):
+            raise NotAStoreError("no such store directory", store)
+        overrides = {"mapped_file_size_commit_log": segment_size} if segment_size else None
+        cfg = load_config(root, conf, overrides)
+        found: dict[int, str] = {}
+        for d in cfg.commit_log_dirs:
+            if d.is_dir():
+                for p in d.iterdir():
+                    if SEGMENT_NAME.match(p.name) and p.is_file():
+                        found[int(p.name)] = str(p)
+        if not found and not any(d.is_dir() for d in cfg.commit_log_dirs):
+            raise NotAStoreError("no commitlog directory", store)
+        files = [(found[s], s, os.path.getsize(found[s])) for s in sorted(found)]
+        return StoreFiles(store, cfg.mapped_file_size_commit_log, cfg.max_message_size + 65536,
+                          files, cfg.delay_millis)
+    from pyarrow import fs as pafs
+
+    fs, base = pafs.FileSystem.from_uri(store.rstrip("/") + "/commitlog")
+    infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+    prefix = store.rstrip("/") + "/commitlog/"
+    files = sorted((prefix + i.base_name, int(i.base_name), i.size) for i in infos
+                   if i.type == pafs.FileType.File and SEGMENT_NAME.match(i.base_name))
+    files = [(p, s, n) for p, s, n in sorted(files, key=lambda f: f[1])]
+    if not files:
+        raise NotAStoreError("no commitlog segment files", store)
+    if segment_size is None:
+        sizes = {n for _, _, n in files if n > 0}
+        segment_size = max(sizes) if sizes else 1024 ** 3
+    return StoreFiles(store, segment_size, 4 * 1024 * 1024 + 65536, files, parse_delay_levels())
+
+
+def plan_splits(stores: Sequence[str] | Sequence[StoreFiles], split_size: int = DEFAULT_SPLIT_SIZE,
+                ) -> list[Split]:
+    """Cut every CommitLog segment of every store into ranges of at most ``split_size``
+    bytes. Split ids are dense and ordered by (store, file, range)."""
+    if split_size <= 0:
+        raise ValueError("split size must be positive")
+    out: list[Split] = []
+    for st in stores:
+        sf = st if isinstance(st, StoreFiles) else list_store(st)
+        prev_end = None
+        for fi, (path, start, length) in enumerate(sf.files):
+            readable = min(length, sf.segment_size)
+            contiguous = prev_end is None or start == prev_end
+            prev_end = start + sf.segment_size
+            begins = range(0, readable, split_size) if readable else [0]
+            for b in begins:
+                out.append(Split(len(out), sf.store, path, fi, start, readable, sf.segment_size,
+                                 b, min(b + split_size, readable), sf.max_record, contiguous))
+    return out
+
+
+# --- reading one split -----------------------------------------------------------------
+
+
+class _NeedMore(Exception):
+    """A check needs bytes past the remote window; grow it and try again."""
+
+    def __init__(self, upto: int):
+        self.upto = upto
+
+
+class Window:
+    """Bytes ``[lo, hi)`` of a segment file as a buffer; positions given to the methods
+    are file positions. Local files are mapped whole (read-only, zero copy)."""
+
+    def __init__(self, split: Split):
+        self.split = split
+        self.size = split.file_size
+        self._file = None
+        self._map = None
+        if not is_remote(split.path):
+            self.lo, self.hi = 0, self.size
+            if self.size == 0:
+                self.buf = b""
+                return
+            try:
+                self._file = open(_local(split.path), "rb")
+                self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            except OSError as e:
+                self.close()
+                raise SegmentError(f"cannot map segment: {e.strerror}", split.path) from None
+            if len(self._map) < self.size:
+                self.size = self.hi = len(self._map)
+            self.buf = self._map
+        else:
+            from pyarrow import fs as pafs
+
+            fs, p = pafs.FileSystem.from_uri(split.path)
+            self._file = fs.open_input_file(p)
+            self.lo = split.begin if split.start is None else min(split.begin, split.start)
+            self.hi = self.lo
+            self.buf = b""
+            self.grow(split.end + REMOTE_OVERHANG)
+
+    def grow(self, upto: int) -> None:
+        """Make the window reach at least ``upto`` (doubling the overhang), remote only."""
+        upto = min(max(upto, self.hi + (self.hi - self.lo)), self.size)
+        if upto <= self.hi:
+            return
+        extra = self._file.read_at(upto - self.hi, self.hi)
+        self.buf = bytes(self.buf) + extra
+        self.hi = self.lo + len(self.buf)
+
+    @property
+    def complete(self) -> bool:
+        """Does the window reach the end of the file?"""
+        return self.hi >= self.size
+
+    def need(self, upto: int) -> None:
+        if upto > self.hi and not self.complete:
+            raise _NeedMore(upto)
+
+    def u8(self) -> np.ndarray:
+        n = self.hi - self.lo
+        return np.frombuffer(self.buf, dtype=np.uint8, count=n) if n else np.zeros(0, np.uint8)
+
+    def close(self) -> None:
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # numpy/Arrow views still point into it; it closes when they go
+            self._map = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _record_ok(w: Window, p: int, base: int, max_record: int) -> int:
+    """TOTALSIZE of a whole, self-consistent record at file position ``p`` whose stored
+    PHYSICALOFFSET is ``base + p`` (resync rules 1-4), else 0."""
+    size_left = w.size - p
+    if size_left < _MIN_RECORD:
+        return 0
+    w.need(p + 8)
+    buf, r = w.buf, p - w.lo
+    total, magic = _HEAD.unpack_from(buf, r)
+    if magic not in L.MESSAGE_MAGICS or total < _MIN_RECORD or total > min(max_record, size_left):
+        return 0
+    w.need(p + total)
+    sys_flag = _I32.unpack_from(buf, r + _SYSFLAG_AT)[0]
+    if _I64.unpack_from(buf, r + _PHYS_AT)[0] != base + p:
+        return 0
+    key = (bool(sys_flag & L.SYSFLAG_BORNHOST_V6), bool(sys_flag & L.SYSFLAG_STOREHOST_V6))
+    fixed = L.RECORD_FIXED_SIZE[key]
+    body_len = max(_I32.unpack_from(buf, r + fixed - 4)[0], 0)
+    q = r + fixed + body_len
+    if q + 1 > r + total:
+        return 0
+    if magic == L.MAGIC_V2:
+        if q + 2 > r + total:
+            return 0
+        topic_len, q = _I16.unpack_from(buf, q)[0], q + 2
+    else:
+        topic_len, q = _I8.unpack_from(buf, q)[0], q + 1
+    if topic_len < 0 or q + topic_len + 2 > r + total:
+        return 0
+    q += topic_len
+    props_len = max(_I16.unpack_from(buf, q)[0], 0)
+    return total if q + 2 + props_len == r + total else 0
+
+
+def _is_end(w: Window, q: int) -> bool:
+    """Rule 5's clean endings at file position ``q``: end of file, a BLANK filling the
+    rest of the segment (spec §4), or an all-zero tail."""
+    if q == w.size:
+        return True
+    if w.size - q >= 8:
+        w.need(q + 8)
+        total, magic = _HEAD.unpack_from(w.buf, q - w.lo)
+        if magic == L.MAGIC_BLANK:
+            return total == w.split.segment_size - q
+    upto = min(w.size, q + ZERO_TAIL_PROBE)
+    w.need(upto)
+    tail = np.frombuffer(w.buf, dtype=np.uint8, count=min(upto, w.hi) - w.lo)[q - w.lo:]
+    return not tail.any()
+
+
+def _chain_holds(w: Window, p: int, total: int, base: int, max_record: int) -> bool:
+    q = p + total
+    for _ in range(RESYNC_HOPS):
+        if _is_end(w, q):
+            return True
+        n = _record_ok(w, q, base, max_record)
+        if not n:
+            return False
+        q += n
+    return True
+
+
+def resync(w: Window, begin: int, end: int) -> int | None:
+    """File position of the first record starting in ``[begin, end)`` by rules 1-5, or
+    None when the range holds no record start."""
+    s = w.split
+    base = s.file_start
+    find = w.buf.find
+    pos = max(begin, 0) + _MAGIC_AT
+    while True:
+        limit = min(end + _MAGIC_AT + len(_MAGIC_PREFIX), w.hi)
+        k = find(_MAGIC_PREFIX, pos - w.lo, limit - w.lo)
+        if k < 0:
+            if limit < end + _MAGIC_AT and not w.complete:
+                w.need(end + _MAGIC_AT + 4)
+            return None
+        k += w.lo
+        pos = k + 1
+        p = k - _MAGIC_AT
+        if p >= end:
+            return None
+        w.need(k + 4)
+        if w.buf[k - w.lo + 3] not in _MAGIC_LAST or p < begin:
+            continue
+        total = _record_ok(w, p, base, s.max_record)
+        if total and _chain_holds(w, p, total, base, s.max_record):
+            return p
+
+
+def _walk(w: Window, first: int, end: int) -> tuple[list[int], int, str]:
+    """Record starts from ``first`` while they are below ``end``, following TOTALSIZE;
+    (starts, where the walk stopped, why): "range" when the next start is at or past
+    ``end``, else blank / end / zeros / bad magic / bad size / short (spec §3.9)."""
+    buf, lo, size = w.buf, w.lo, w.size
+    v1, v2 = L.MAGIC_V1, L.MAGIC_V2
+    unpack = _HEAD.unpack_from
+    starts: list[int] = []
+    append = starts.append
+    pos = first
+    while pos < end:
+        left = size - pos
+        if left < 8:
+            return starts, pos, ("end" if left == 0 else "short")
+        if pos + 8 > w.hi:
+            w.need(pos + 8)
+        total, magic = unpack(buf, pos - lo)
+        if magic != v1 and magic != v2:
+            if magic == L.MAGIC_BLANK:
+                return starts, pos, "blank"
+            return starts, pos, ("zeros" if total == 0 and magic == 0 else "bad magic")
+        if total < _MIN_RECORD or total > left:
+            return starts, pos, "bad size"
+        if pos + total > w.hi:
+            w.need(pos + total)
+        append(pos)
+        pos += total
+    return starts, pos, ("end" if pos == size else "range")
+
+
+@dataclass
+class Boundary:
+    """What a task reports about its split, for the driver's chain check."""
+
+    split_id: int
+    first: int | None  # file position of the first record it owns (forced start if forced)
+    chain_end: int  # file position just after its last owned record (or its first)
+    stop: str  # "range" (the chain continues past the range), or why valid data stopped
+    records: int
+    forced: bool = False
+
+    def as_row(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class SplitScan:
+    """The records a split owns, as bulk columns over the open window, and its boundary."""
+
+    split: Split
+    records: scan.RecordColumns
+    boundary: Boundary
+    window: Window
+
+    def close(self) -> None:
+        self.records = None  # type: ignore[assignment]
+        self.window.close()
+
+    def __enter__(self) -> SplitScan:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_split(split: Split) -> SplitScan:
+    """Read a split: resync (unless it starts at 0 or has a forced start), walk the size
+    chain up to the range end, gather the records' columns and check each one's lengths
+    (spec §3.9). Use as a context manager; the columns view the open file."""
+    w = Window(split)
+    try:
+        while True:
+            try:
+                return _read(w, split)
+            except _NeedMore as more:
+                w.grow(more.upto)
+    except BaseException:
+        w.close()
+        raise
+
+
+def _read(w: Window, s: Split) -> SplitScan:
+    forced = s.start is not None or s.begin == 0
+    first = (s.start if s.start is not None else s.begin) if forced else resync(w, s.begin, s.end)
+    if first is None:
+        starts, stop_pos, stop = [], s.begin, "none"
+    else:
+        starts, stop_pos, stop = _walk(w, first, s.end)
+    rel = np.array(starts, dtype=np.int64) - w.lo
+    cols = scan.columns(w.u8(), rel, s.file_start + w.lo)
+    ok = scan.consistent(cols)
+    if len(ok) and not ok.all():
+        k = int(np.argmin(ok))
+        stop, stop_pos = "half record", int(starts[k])
+        cols = cols.take(slice(0, k))
+    b = Boundary(s.split_id, first, stop_pos, stop, len(cols), forced)
+    return SplitScan(s, cols, b, w)
+
+
+def split_boundary(split: Split) -> Boundary:
+    with open_split(split) as sc:
+        return sc.boundary
+
+
+# --- stitching ---------------------------------------------------------------------------
+
+
+@dataclass
+class StoreEnd:
+    """Where a store's valid CommitLog data ends (spec §10.1)."""
+
+    min_offset: int  # first segment's start
+    end_offset: int  # first byte after the last valid record's segment data
+    reason: str  # "" when every file ended cleanly (BLANK or file end), else why
+
+
+@dataclass
+class Stitched:
+    """The driver's verdict on every split."""
+
+    keep: list[int]  # split ids whose records are part of the store's valid data
+    drop: list[int]  # split ids whose records lie after the end of valid data
+    rerun: dict[int, int]  # split id -> the position the chain says it must start at
+    ends: dict[str, StoreEnd]
+    records: int  # records in kept splits
+
+
+def stitch(splits: Sequence[Split], boundaries: dict[int, Boundary]) -> Stitched:
+    """Check the size chain across splits and files, as a sequential walk from the first
+    segment would see it (spec §4, §10.1; spark-notes resync rule).
+
+    Within a file the chain starts at 0 and each split must begin where the previous one's
+    chain left its range; a split that disagrees is returned in ``rerun`` with the start
+    it must use (only the first per file: the rest depend on it). After a BLANK or the
+    file's end the next file continues; after anything else valid data has ended, and
+    every later record of the store is dropped.
+    """
+    keep: list[int] = []
+    drop: list[int] = []
+    rerun: dict[int, int] = {}
+    ends: dict[str, StoreEnd] = {}
+    records = 0
+    by_store: dict[str, list[Split]] = {}
+    for s in splits:
+        by_store.setdefault(s.store, []).append(s)
+    for store, ss in by_store.items():
+        ss = sorted(ss, key=lambda s: (s.file_index, s.begin))
+        ended: tuple[int, str] | None = None
+        last_end = ss[0].file_start if ss else 0
+        i = 0
+        while i < len(ss):
+            fi = ss[i].file_index
+            group = []
+            while i < len(ss) and ss[i].file_index == fi:
+                group.append(ss[i])
+                i += 1
+            head = group[0]
+            if ended is None and not head.contiguous:
+                ended = (last_end, "missing segment")
+            expected: int | None = 0
+            state = "open" if ended is None else "after"
+            pending = False
+            for s in group:
+                b = boundaries[s.split_id]
+                if pending:
+                    continue  # decided once the rerun ahead of it is in
+                if state != "open" or expected is None or expected >= s.end:
+                    (drop if b.records else keep).append(s.split_id)
+                    continue
+                if b.first != expected:
+                    rerun[s.split_id] = expected
+                    pending = True
+                    continue
+                keep.append(s.split_id)
+                records += b.records
+                if b.stop == "range":
+                    expected = b.chain_end
+                elif b.stop in FILE_DONE:
+                    state = "done"
+                    last_end = head.file_start + head.segment_size
+                else:
+                    state = "ended"
+                    ended = (head.file_start + b.chain_end, b.stop)
+            if state == "open" and not pending:
+                # The chain ran past the last range: it ended exactly at the file end.
+                last_end = head.file_start + head.segment_size
+        if ended is None:
+            ends[store] = StoreEnd(ss[0].file_start if ss else 0, last_end, "")
+        else:
+            ends[store] = StoreEnd(ss[0].file_start if ss else 0, ended[0], ended[1])
+    return Stitched(sorted(keep), sorted(drop), rerun, ends, records)
+
+
+def resolve(splits: Sequence[Split], boundaries: dict[int, Boundary],
+            rerun: Callable[[Split], Boundary]) -> tuple[Stitched, dict[int, Split]]:
+    """Stitch, re-reading each wrongly resynced split with a forced start via ``rerun``
+    until the chain is whole. Returns the verdict and the forced splits that replaced
+    the originals (their outputs are the ones to keep)."""
+    by_id = {s.split_id: s for s in splits}
+    replaced: dict[int, Split] = {}
+    boundaries = dict(boundaries)
+    for _ in range(len(splits) + 1):
+        st = stitch(splits, boundaries)
+        if not st.rerun:
+            return st, replaced
+        for sid, start in st.rerun.items():
+            if boundaries[sid].forced:
+                # A forced start is the chain's own position; it cannot disagree.
+                raise RecordError("split chain does not converge", by_id[sid].path, start)
+            fs = by_id[sid].with_start(start)
+            replaced[sid] = fs
+            boundaries[sid] = rerun(fs)
+    raise RecordError("split chain does not converge", splits[0].path if splits else None)
+
+
+def run_local(splits: Sequence[Split], task: Callable[[Split], tuple[Boundary, object]],
+              processes: int = 1) -> tuple[Stitched, dict[int, object]]:
+    """Run ``task`` over every split in this process (or a process pool), stitch, re-run
+    wrong resyncs, and return the verdict and each kept split's payload."""
+    payloads: dict[int, object] = {}
+    boundaries: dict[int, Boundary] = {}
+    if processes > 1 and len(splits) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(processes) as pool:
+            for s, (b, p) in zip(splits, pool.map(task, splits)):
+                boundaries[s.split_id], payloads[s.split_id] = b, p
+    else:
+        for s in splits:
+            boundaries[s.split_id], payloads[s.split_id] = task(s)
+
+    def again(s: Split) -> Boundary:
+        b, p = task(s)
+        payloads[s.split_id] = p
+        return b
+
+    st, _ = resolve(splits, boundaries, again)
+    return st, {sid: payloads[sid] for sid in st.keep}
+
+
+# --- stats (shared with `rmqstore stats`) ---------------------------------------------------
+
+
+@dataclass
+class QueueStats:
+    """Records of one topic/queue: count, bytes (sum of TOTALSIZE), queue offset range and
+    store-time range (min/max, not first/last in arrival order)."""
+
+    topic: str
+    queue_id: int
+    count: int
+    bytes: int
+    min_queue_offset: int
+    max_queue_offset: int
+    first_store_timestamp: int
+    last_store_timestamp: int
+
+    def merge(self, o: QueueStats) -> QueueStats:
+        return QueueStats(self.topic, self.queue_id, self.count + o.count, self.bytes + o.bytes,
+                          min(self.min_queue_offset, o.min_queue_offset),
+                          max(self.max_queue_offset, o.max_queue_offset),
+                          min(self.first_store_timestamp, o.first_store_timestamp),
+                          max(self.last_store_timestamp, o.last_store_timestamp))
+
+
+STATS_FIELDS = tuple(f.name for f in dataclasses.fields(QueueStats))
+
+
+def queue_stats(records: scan.RecordColumns) -> list[QueueStats]:
+    """Per-(topic, queueId) aggregates of a run of records, vectorised. Every message
+    record counts, PREPARED/ROLLBACK included (they are CommitLog records)."""
+    n = len(records)
+    if n == 0:
+        return []
+    names, tid = records.topic_table()
+    qid = records.queue_id
+    qmin = int(qid.min())
+    key = tid * (int(qid.max()) - qmin + 1) + (qid - qmin)
+    order = np.argsort(key, kind="stable")
+    k = key[order]
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+
+    def red(ufunc, a):
+        return ufunc.reduceat(a[order], starts)
+
+    cnt = np.diff(np.r_[starts, n])
+    size = red(np.add, records.size)
+    qo_min, qo_max = red(np.minimum, records.queue_offset), red(np.maximum, records.queue_offset)
+    ts_min = red(np.minimum, records.store_timestamp)
+    ts_max = red(np.maximum, records.store_timestamp)
+    first = order[starts]
+    return [QueueStats(names[int(tid[f])], int(qid[f]), int(c), int(b), int(a), int(z), int(t0), int(t1))
+            for f, c, b, a, z, t0, t1 in zip(first, cnt, size, qo_min, qo_max, ts_min, ts_max)]
+
+
+def merge_stats(parts: Iterable[Iterable[QueueStats]]) -> list[QueueStats]:
+    """Combine partial :func:`queue_stats` results; sorted by topic, then queue id."""
+    acc: dict[tuple[str, int], QueueStats] = {}
+    for part in parts:
+        for q in part:
+            k = (q.topic, q.queue_id)
+            acc[k] = acc[k].merge(q) if k in acc else q
+    return [acc[k] for k in sorted(acc)]
+
+
+def _stats_task(split: Split) -> tuple[Boundary, list[QueueStats]]:
+    with open_split(split) as sc:
+        return sc.boundary, queue_stats(sc.records)
+
+
+def store_stats(store: str, *, split_size: int = DEFAULT_SPLIT_SIZE, processes: int = 1,
+                conf=None) -> tuple[list[QueueStats], StoreEnd]:
+    """Per-queue stats of one store without Spark: the same split reader and the same
+    merge the Spark ``stats`` job uses."""
+    splits = plan_splits([list_store(store, conf=conf)], split_size)
+    st, payloads = run_local(splits, _stats_task, processes)
+    return merge_stats(payloads.values()), st.ends[store]
+
+
+# --- decoded columns (Arrow) ---------------------------------------------------------------
+
+_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+_SPAN_PARTS = 6  # header, body, topic length, topic, properties length, properties
+_BODY, _TOPIC, _PROPS = 1, 3, 5
+
+
+def _hosts(records: scan.RecordColumns) -> dict[str, np.ndarray]:
+    """Born/store host address bytes (zero-padded to 16) and ports, at the offsets layout
+    derives for each host-width combination (spec §3.1)."""
+    n = len(records)
+    out: dict[str, np.ndarray] = {}
+    combo = records.combo
+    for h in ("born_host", "store_host"):
+        addr = np.zeros((n, 16), np.uint8)
+        for c in np.unique(combo).tolist():
+            key = (bool(c & 2), bool(c & 1))
+            off, width = L.RECORD_FIXED_OFFSETS[key][f"{h}_address"]
+            sel = np.flatnonzero(combo == c)
+            addr[sel, :width] = records.u8[(records.pos[sel] + off)[:, None] + np.arange(width)]
+        out[f"{h}_address"] = addr
+        out[f"{h}_port"] = getattr(records, f"{h}_port")
+    out["born_v6"] = (records.sys_flag & L.SYSFLAG_BORNHOST_V6) != 0
+    out["store_v6"] = (records.sys_flag & L.SYSFLAG_STOREHOST_V6) != 0
+    return out
+
+
+def _host_strings(addr: np.ndarray, port: np.ndarray, v6: np.ndarray):
+    """``ip:port`` / ``[v6]:port`` as codec.Host prints them, formatted once per distinct
+    host and gathered with Arrow ``take``."""
+    import pyarrow as pa
+
+    n = len(port)
+    key = np.zeros((n, 24), np.uint8)
+    key[:, :16] = addr
+    key[:, 16:20] = port.astype(">i4").view(np.uint8).reshape(n, 4)
+    key[:, 20] = v6
+    keyv = np.ascontiguousarray(key).view(np.dtype((np.void, 24))).reshape(-1)
+    uniq, inv = np.unique(keyv, return_inverse=True)
+    texts = []
+    for u in uniq:
+        b = bytes(u)
+        alen = 16 if b[20] else 4
+        texts.append(str(Host(b[:alen], int.from_bytes(b[16:20], "big", signed=True))))
+    return pa.array(texts, pa.string()).take(pa.array(inv.reshape(-1).astype(np.int32)))
+
+
+def _offset_msg_ids(hosts: dict, phys: np.ndarray):
+    """offsetMsgId (spec §5.1): store address + port + PHYSICALOFFSET as uppercase hex."""
+    import pyarrow as pa
+
+    n = len(phys)
+    v6 = hosts["store_v6"]
+    raw_len = np.where(v6, 28, 16)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(raw_len * 2, out=offsets[1:])
+    data = np.empty(int(offsets[-1]), np.uint8)
+    port = hosts["store_host_port"].astype(">i4").view(np.uint8).reshape(n, 4)
+    phy = phys.astype(">i8").view(np.uint8).reshape(n, 8)
+    for alen, sel in ((4, np.flatnonzero(~v6)), (16, np.flatnonzero(v6))):
+        if len(sel) == 0:
+            continue
+        raw = np.concatenate([hosts["store_host_address"][sel, :alen], port[sel], phy[sel]], axis=1)
+        hexed = np.empty((len(sel), raw.shape[1] * 2), np.uint8)
+        hexed[:, 0::2] = _HEX[raw >> 4]
+        hexed[:, 1::2] = _HEX[raw & 15]
+        data[offsets[sel][:, None] + np.arange(hexed.shape[1])] = hexed
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                  pa.py_buffer(data)])
+
+
+def _spans(records: scan.RecordColumns):
+    """A binary array over the window whose elements are each record's header, body,
+    topic length, topic, properties length and properties, back to back (records are
+    contiguous on the chain). ``take`` then gathers bodies or topics without a loop."""
+    import pyarrow as pa
+
+    n = len(records)
+    cuts = np.empty((n, _SPAN_PARTS), np.int64)
+    cuts[:, 0] = records.pos
+    cuts[:, 1] = records.body_pos
+    cuts[:, 2] = records.body_pos + records.body_len
+    cuts[:, 3] = records.topic_pos
+    cuts[:, 4] = records.topic_pos + records.topic_len
+    cuts[:, 5] = records.props_pos
+    offsets = np.empty(n * _SPAN_PARTS + 1, np.int64)
+    offsets[:-1] = cuts.reshape(-1)
+    offsets[-1] = records.props_pos[-1] + records.props_len[-1] if n else 0
+    if n and offsets[-1] >= 2**31:
+        offsets = offsets - int(offsets[0])
+        data = pa.py_buffer(records.u8[int(records.pos[0]):])
+    else:
+        data = pa.py_buffer(records.u8)
+    return pa.Array.from_buffers(pa.binary(), n * _SPAN_PARTS,
+                                 [None, pa.py_buffer(offsets.astype(np.int32)), data])
+
+
+def _part(spans, n: int, which: int):
+    import pyarrow as pa
+
+    return spans.take(pa.array(np.arange(n, dtype=np.int64) * _SPAN_PARTS + which))
+
+
+def _utf8(binary):
+    """binary -> string; invalid UTF-8 becomes U+FFFD as Python's ``replace`` does (the
+    codec's rule), taking the slow path only when the fast cast refuses."""
+    import pyarrow as pa
+
+    try:
+        return binary.cast(pa.string())
+    except pa.ArrowInvalid:
+        return pa.array([None if v is None else v.decode("utf-8", "replace")
+                         for v in binary.to_pylist()], pa.string())
+
+
+@dataclass
+class ParsedProperties:
+    """Properties of many records parsed exactly like :func:`codec.parse_properties`."""
+
+    text: object  # pa.StringArray
+    names: object  # pa.StringArray, one per kept pair, record-major, stored order
+    values: object
+    owner: np.ndarray  # record index of each pair
+    offsets: np.ndarray  # map offsets (n + 1)
+    need_text: np.ndarray  # bool: the map cannot reproduce the stored text
+
+    def lookup(self, name: str):
+        """The value of property ``name`` for each record, null when absent."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = len(self.offsets) - 1
+        idx = np.full(n, -1, np.int64)
+        hit = np.flatnonzero(pc.equal(self.names, name).to_numpy(zero_copy_only=False))
+        idx[self.owner[hit]] = hit
+        return self.values.take(pa.array(idx, mask=idx < 0))
+
+    def map_array(self):
+        import pyarrow as pa
+
+        return pa.MapArray.from_arrays(pa.array(self.offsets.astype(np.int32)), self.names,
+                                       self.values)
+
+
+def parse_properties_many(text) -> ParsedProperties:
+    """Vectorised spec §3.4 parsing: split on 0x02; keep a segment when it has a 0x01
+    that is neither first nor last; a later duplicate name replaces the value but keeps
+    the first one's place (as a Python dict / Java HashMap put does)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(text)
+    segs = pc.split_pattern(text, L.PROPERTY_SEPARATOR)
+    seg_off = segs.offsets.to_numpy().astype(np.int64)
+    flat = segs.flatten()
+    seg_owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(seg_off))
+    nv = pc.split_pattern(flat, L.PROPERTY_NAME_VALUE_SEPARATOR, max_splits=1)
+    nv_len = pc.list_value_length(nv).to_numpy(zero_copy_only=False)
+    nv_off = nv.offsets.to_numpy().astype(np.int64)
+    nv_flat = nv.flatten()
+    has2 = nv_len == 2
+    name_idx = nv_off[:-1][has2]
+    names_all = nv_flat.take(pa.array(name_idx))
+    values_all = nv_flat.take(pa.array(name_idx + 1))
+    nonempty = (pc.binary_length(names_all).to_numpy(zero_copy_only=False) > 0) & (
+        pc.binary_length(values_all).to_numpy(zero_copy_only=False) > 0)
+    valid = np.zeros(len(flat), bool)
+    valid[np.flatnonzero(has2)[nonempty]] = True
+    vsel = np.flatnonzero(nonempty)
+    names = names_all.take(pa.array(vsel))
+    values = values_all.take(pa.array(vsel))
+    owner = seg_owner[valid]
+    # duplicates: group by (record, name); first place, last value
+    keep = np.arange(len(names), dtype=np.int64)
+    src = keep
+    if len(names):
+        enc = pc.dictionary_encode(names)
+        nid = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        key = owner * (len(enc.dictionary) + 1) + nid
+        order = np.argsort(key, kind="stable")
+        ks = key[order]
+        newgrp = np.r_[True, ks[1:] != ks[:-1]]
+        if not newgrp.all():
+            lastgrp = np.r_[ks[1:] != ks[:-1], True]
+            first_pos, last_pos = order[newgrp], order[lastgrp]
+            o = np.argsort(first_pos)
+            keep, src = first_pos[o], last_pos[o]
+            names, values, owner_k = names.take(pa.array(keep)), values.take(pa.array(src)), owner[keep]
+        else:
+            owner_k = owner
+    else:
+        owner_k = owner
+    counts = np.bincount(owner_k, minlength=n)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    # Can the map reproduce the text? Every segment a kept pair, except one empty trailing
+    # segment (the 0x02 terminator some versions write, spec §3.4), and no duplicates.
+    seg_count = np.diff(seg_off)
+    flat_len = pc.binary_length(flat).to_numpy(zero_copy_only=False)
+    is_last = np.zeros(len(flat), bool)
+    has_seg = seg_count > 0
+    is_last[seg_off[1:][has_seg] - 1] = True
+    allowed = valid | (is_last & (flat_len == 0) & (seg_count[seg_owner] >= 2))
+    bad = np.bincount(seg_owner[~allowed], minlength=n) > 0
+    valid_count = np.bincount(owner, minlength=n)
+    text_len = pc.binary_length(text).to_numpy(zero_copy_only=False)
+    need = (bad | (valid_count != counts)) & (text_len > 0)
+    return ParsedProperties(text, names, values, owner_k, offsets, need)
+
+
+def decode_arrow(records: scan.RecordColumns, store: str, *, body: bool = True):
+    """The message JSON fields of ``records`` as a ``pyarrow.RecordBatch`` with
+    :data:`ARROW_SCHEMA` (the same values :mod:`rmqstore.view` gives per message)."""
+    import pyarrow as pa
+
+    n = len(records)
+    if n == 0:
+        return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA())
+    spans = _spans(records)
+    names, tid = records.topic_table()
+    topic = pa.array(names, pa.string()).take(pa.array(tid.astype(np.int32)))
+    props = parse_properties_many(_utf8(_part(spans, n, _PROPS)))
+    hosts = _hosts(records)
+    keys_val = props.lookup("KEYS")
+    keys = _split_keys_many(keys_val, n)
+    i32 = lambda a: pa.array(a.astype(np.int32))
+    i64 = lambda a: pa.array(a.astype(np.int64))
+    magic = pa.array(["v1", "v2"]).take(pa.array((records.magic == L.MAGIC_V2).astype(np.int8)))
+    cols = {
+        "store": pa.array([store], pa.string()).take(pa.array(np.zeros(n, np.int8))),
+        "commitLogOffset": i64(records.physical_offset),
+        "storeSize": i32(records.size),
+        "magic": magic,
+        "bodyCRC": i32(records.body_crc),
+        "queueId": i32(records.queue_id),
+        "flag": i32(records.flag),
+        "queueOffset": i64(records.queue_offset),
+        "sysFlag": i32(records.sys_flag),
+        "bornTimestamp": i64(records.born_timestamp),
+        "bornHost": _host_strings(hosts["born_host_address"], hosts["born_host_port"], hosts["born_v6"]),
+        "storeTimestamp": i64(records.store_timestamp),
+        "storeHost": _host_strings(hosts["store_host_address"], hosts["store_host_port"], hosts["store_v6"]),
+        "reconsumeTimes": i32(records.reconsume_times),
+        "preparedTransactionOffset": i64(records.prepared_transaction_offset),
+        "topic": topic,
+        "properties": props.map_array(),
+        "tags": props.lookup("TAGS"),
+        "keys": keys,
+        "uniqKey": props.lookup("UNIQ_KEY"),
+        "offsetMsgId": _offset_msg_ids(hosts, records.physical_offset),
+        "body": _part(spans, n, _BODY) if body else pa.nulls(n, pa.binary()),
+        "propertiesText": _mask_text(props),
+        "crcOk": pa.array(records.crc_ok()),
+    }
+    return pa.RecordBatch.from_arrays(list(cols.values()), schema=ARROW_SCHEMA())
+
+
+def _mask_text(props: ParsedProperties):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.if_else(pa.array(props.need_text), props.text, pa.scalar(None, pa.string()))
+
+
+def _split_keys_many(keys_val, n: int):
+    """KEYS split on single spaces, empty tokens dropped (codec.split_keys); [] when absent."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    parts = pc.split_pattern(keys_val.fill_null(""), " ")
+    off = parts.offsets.to_numpy().astype(np.int64)
+    toks = parts.flatten()
+    owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(off))
+    nonempty = pc.binary_length(toks).to_numpy(zero_copy_only=False) > 0
+    kept = toks.filter(pa.array(nonempty))
+    counts = np.bincount(owner[nonempty], minlength=n)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), kept)
+
+
+def ARROW_SCHEMA():
+    """The export row: ``store``, the message JSON fields as typed columns, ``crcOk``."""
+    import pyarrow as pa
+
+    return pa.schema([
+        pa.field("store", pa.string(), False),
+        pa.field("commitLogOffset", pa.int64(), False),
+        pa.field("storeSize", pa.int32(), False),
+        pa.field("magic", pa.string(), False),
+        pa.field("bodyCRC", pa.int32(), False),
+        pa.field("queueId", pa.int32(), False),
+        pa.field("flag", pa.int32(), False),
+        pa.field("queueOffset", pa.int64(), False),
+        pa.field("sysFlag", pa.int32(), False),
+        pa.field("bornTimestamp", pa.int64(), False),
+        pa.field("bornHost", pa.string(), False),
+        pa.field("storeTimestamp", pa.int64(), False),
+        pa.field("storeHost", pa.string(), False),
+        pa.field("reconsumeTimes", pa.int32(), False),
+        pa.field("preparedTransactionOffset", pa.int64(), False),
+        pa.field("topic", pa.string(), False),
+        pa.field("properties", pa.map_(pa.string(), pa.string()), False),
+        pa.field("tags", pa.string()),
+        pa.field("keys", pa.list_(pa.string()), False),
+        pa.field("uniqKey", pa.string()),
+        pa.field("offsetMsgId", pa.string(), False),
+        pa.field("body", pa.binary()),
+        pa.field("propertiesText", pa.string()),
+        pa.field("crcOk", pa.bool_(), False),
+    ])
+
+
+def iter_batches(records: scan.RecordColumns, store: str, *, body: bool = True,
+                 rows: int = 65536) -> Iterator:
+    """:func:`decode_arrow` in chunks of ``rows`` records (bounded memory per batch)."""
+    for i in range(0, len(records), rows):
+        yield decode_arrow(records.take(slice(i, i + rows)), store, body=body)
+
+
+# --- implied ConsumeQueue units (audit, rebuild) -----------------------------------------
+
+
+def implied_units(records: scan.RecordColumns, delay_millis: Sequence[int] = parse_delay_levels()):
+    """The ConsumeQueue units dispatch writes for ``records`` (spec §6.1, §9), in
+    CommitLog order, as a pyarrow Table: topic, queueId, queueOffset, commitLogOffset
+    (the stored PHYSICALOFFSET), size, tagsCode. PREPARED and ROLLBACK records get none.
+    """
+    import pyarrow as pa
+
+    from .codec import java_hash_many
+
+    tx = records.sys_flag & L.SYSFLAG_TRANSACTION_MASK
+    sel = np.flatnonzero((tx != L.TRANSACTION_PREPARED) & (tx != L.TRANSACTION_ROLLBACK))
+    r = records.take(sel)
+    n = len(r)
+    schema = UNITS_SCHEMA()
+    if n == 0:
+        return schema.empty_table()
+    spans = _spans(r)
+    names, tid = r.topic_table()
+    props = parse_properties_many(_utf8(_part(spans, n, _PROPS)))
+    tags = props.lookup("TAGS")
+    enc = tags.dictionary_encode()
+    uniq = enc.dictionary.to_pylist()
+    hashes = java_hash_many(uniq).astype(np.int64)
+    idx = enc.indices.to_numpy(zero_copy_only=False)
+    code = np.zeros(n, np.int64)
+    has = ~np.asarray(enc.indices.is_null().to_numpy(zero_copy_only=False))
+    code[has] = hashes[idx[has].astype(np.int64)]
+    if SCHEDULE_TOPIC in names:
+        delay = props.lookup("DELAY").to_pylist()
+        tag_list = tags.to_pylist()
+        sched = names.index(SCHEDULE_TOPIC)
+        for i in np.flatnonzero(tid == sched):
+            if delay[i] is not None:
+                p = {"DELAY": delay[i]}
+                if tag_list[i] is not None:
+                    p["TAGS"] = tag_list[i]
+                code[i] = tags_code(SCHEDULE_TOPIC, p, int(r.store_timestamp[i]), delay_millis)
+    return pa.Table.from_arrays([
+        pa.array(names, pa.string()).take(pa.array(tid.astype(np.int32))),
+        pa.array(r.queue_id.astype(np.int32)),
+        pa.array(r.queue_offset),
+        pa.array(r.physical_offset),
+        pa.array(r.size.astype(np.int32)),
+        pa.array(code),
+    ], schema=schema)
+
+
+def UNITS_SCHEMA():
+    import pyarrow as pa
+
+    return pa.schema([
+        pa.field("topic", pa.string(), False),
+        pa.field("queueId", pa.int32(), False),
+        pa.field("queueOffset", pa.int64(), False),
+        pa.field("commitLogOffset", pa.int64(), False),
+        pa.field("size", pa.int32(), False),
+        pa.field("tagsCode", pa.int64(), False),
+    ])
