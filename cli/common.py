@@ -79,6 +79,13 @@ def handles_errors(fn):
         except OSError as e:
             where = f"{e.filename}: " if getattr(e, "filename", None) else ""
             raise fail(f"{where}{e.strerror or e}", EXIT_UNUSABLE) from None
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug must still not spill a traceback
+            if os.environ.get("RMQSTORE_DEBUG"):
+                raise
+            raise fail(f"internal error: {type(e).__name__}: {e} "
+                       "(set RMQSTORE_DEBUG=1 for a traceback; please report it)", EXIT_UNUSABLE) from None
 
     return wrapper
 

@@ -97,6 +97,59 @@ class StoreReader:
                               f"but the id names {host}", self.root, offset)
         return msg
 
+    # --- ConsumeQueue and IndexFile ---------------------------------------------------------
+
+    def queues(self):
+        """Every ``consumequeue/{topic}/{queueId}`` of the store (with odd entries reported)."""
+        from .consumequeue import list_queues
+
+        return list_queues(self.root)
+
+    def consume_queue(self, topic: str, queue_id: int):
+        from .consumequeue import open_consume_queue
+
+        return open_consume_queue(self.root, topic, queue_id, self.config.cq_file_size)
+
+    def index(self):
+        """The IndexFiles, read-only, with this store's geometry."""
+        from .index import IndexGeometry, IndexReader
+
+        return IndexReader(self.config.index_dir,
+                           IndexGeometry(self.config.max_hash_slot_num, self.config.max_index_num),
+                           max_msgs_num_batch=self.config.max_msgs_num_batch)
+
+    def get_by_queue_offset(self, topic: str, queue_id: int, queue_offset: int) -> Message:
+        """Through the ConsumeQueue unit, as a consumer's pull does (spec §6.2)."""
+        with self.consume_queue(topic, queue_id) as cq:
+            unit = cq.unit_at(queue_offset)
+        if unit.is_placeholder:
+            raise OffsetError(f"queue offset {queue_offset} is a placeholder unit (no message)",
+                              self.root / "consumequeue" / topic / str(queue_id), queue_offset * 20)
+        return self.read_at(unit.commit_log_offset)
+
+    def query_key(self, topic: str, key: str, max_num: int | None = None, begin: int = 0,
+                  end: int = 2**63 - 1) -> list[Message]:
+        """Messages of ``topic`` whose KEYS tokens or UNIQ_KEY equal ``key``: the IndexFile
+        walk of spec §7.6, then the key re-checked on each record (hash hits may collide)."""
+        max_num = self.config.max_msgs_num_batch if max_num is None else max_num
+        with self.index() as idx:
+            hits = idx.query(topic, key, max_num, begin, end).phy_offsets
+        out, seen = [], set()
+        for off in hits:
+            if off in seen:
+                continue  # re-dispatch can index a record twice (spec §14.7)
+            seen.add(off)
+            try:
+                msg = self.read_at(off)
+            except RmqStoreError:
+                continue  # the entry points at data that is gone or damaged
+            if msg.topic == topic and (key in msg.keys or msg.uniq_key == key):
+                out.append(msg)
+        return out
+
+    def get_by_uniq_key(self, topic: str, uniq_key: str) -> list[Message]:
+        return [m for m in self.query_key(topic, uniq_key) if m.uniq_key == uniq_key]
+
     def messages(self, *, topic: str | None = None, queue_id: int | None = None,
                  from_offset: int | None = None, to_offset: int | None = None,
                  since: int | None = None, until: int | None = None,
