@@ -31,6 +31,7 @@ LONG_MAX = 2**63 - 1
 _ENTRY = L.INDEX_ENTRY_STRUCT
 _SLOT = L.INDEX_SLOT_STRUCT
 _HEADER = L.INDEX_HEADER_STRUCT
+_SLOTS_AT = L.INDEX_HEADER_SIZE  # hot paths: plain ints, not construct's sizeof per call
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,10 @@ class IndexGeometry:
 
     @property
     def entries_start(self) -> int:
-        return L.index_slot_position(self.hash_slot_num)
+        return self._entries_start
+
+    def __post_init__(self):
+        object.__setattr__(self, "_entries_start", L.index_slot_position(self.hash_slot_num))
 
 
 def infer_index_geometry(file_size: int, *, hash_slot_num: int | None = None,
@@ -173,7 +177,7 @@ class IndexFile:
         """Walk one slot chain, appending hits to ``out`` (spec §7.6 step 3)."""
         ic = self.header.index_count
         mm, g = self._map, self.geometry
-        (e,) = _SLOT.unpack_from(mm, L.index_slot_position(key_hash % g.hash_slot_num))
+        (e,) = _SLOT.unpack_from(mm, _SLOTS_AT + key_hash % g.hash_slot_num * L.INDEX_SLOT_SIZE)
         if ic <= 1 or e <= 0 or e > ic:
             return
         # The broker follows a corrupt cycle forever; offline we stop after ic steps.
@@ -197,7 +201,7 @@ class IndexFile:
         h, g, mm = self.header, self.geometry, self._map
         if h.index_count >= g.index_num:
             return False
-        sp = L.index_slot_position(key_hash % g.hash_slot_num)
+        sp = _SLOTS_AT + key_hash % g.hash_slot_num * L.INDEX_SLOT_SIZE
         (head,) = _SLOT.unpack_from(mm, sp)
         if head <= 0 or head > h.index_count:
             head = 0
@@ -336,14 +340,18 @@ class IndexService:
     """Writes index files in a directory like the broker's IndexService (spec §7.3-7.5).
 
     ``clock`` returns epoch milliseconds and names new files; a name already used is
-    bumped by a millisecond so two files never collide. The caller holds the store lock.
+    bumped by a millisecond so two files never collide. A file that fills is msync'ed,
+    as the broker does, unless ``flush_full_files`` is off (tests, scratch builds).
+    The caller holds the store lock.
     """
 
     def __init__(self, index_dir: str | os.PathLike, geometry: IndexGeometry, *,
                  clock: Callable[[], int] | None = None, tz: tzinfo | None = None,
-                 max_msgs_num_batch: int = DEFAULT_MAX_MSGS_NUM_BATCH):
+                 max_msgs_num_batch: int = DEFAULT_MAX_MSGS_NUM_BATCH,
+                 flush_full_files: bool = True):
         self.path = Path(index_dir)
         self.path.mkdir(parents=True, exist_ok=True)
+        self.flush_full_files = flush_full_files
         self.geometry = geometry
         self.clock = clock or (lambda: time.time_ns() // 1_000_000)
         self.tz = tz
@@ -365,7 +373,8 @@ class IndexService:
         f = IndexFile.create(self.path / name, self.geometry, prev)
         self.files.append(f)
         if prev is not None:
-            prev.flush()
+            if self.flush_full_files:
+                prev.flush()
             self.index_msg_timestamp = prev.header.end_timestamp
         return f
 
@@ -445,7 +454,7 @@ def build_index(index_dir: str | os.PathLike, geometry: IndexGeometry, key_hashe
                 phy_offsets, store_timestamps, *, clock: Callable[[], int] | None = None,
                 tz: tzinfo | None = None, flush: bool = False) -> list[Path]:
     """Bulk-write index files for entries in dispatch order; returns the files' paths."""
-    with IndexService(index_dir, geometry, clock=clock, tz=tz) as svc:
+    with IndexService(index_dir, geometry, clock=clock, tz=tz, flush_full_files=flush) as svc:
         svc.put_hashes(key_hashes, phy_offsets, store_timestamps)
         if flush:
             svc.flush()

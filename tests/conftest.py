@@ -55,3 +55,35 @@ def tree_hashes(root: Path) -> dict[str, str]:
         if p.is_file():
             out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
+
+
+def store_expectations(scenario: str) -> dict:
+    """What RocketMQ reported for the files now on disk in ``scenario``.
+
+    ``queues``, ``queries`` and ``checkpoint`` as in the manifest; for ``crash`` the
+    pre-crash observations (the JVM was halted, so page cache = disk); for the torn copies
+    those of ``crash``, after proving from the manifests' sha256 lists that only CommitLog
+    bytes differ; for ``*-recovered`` the ``recovery`` block, with ``truncate_at`` = the
+    recovered CommitLog end (recovery cuts CQ units there but leaves their bytes).
+    ``walk``/``messages`` give CommitLog order and the stored records, when known.
+    """
+    m = manifest(scenario)
+    if scenario in ("crash-torn", "crash-torn-tail"):
+        mine = {f["path"]: f["sha256"] for f in m["files"]}
+        crash = {f["path"]: f["sha256"] for f in manifest("crash")["files"]}
+        changed = {p for p in mine.keys() | crash.keys() if mine.get(p) != crash.get(p)}
+        assert all(p.startswith("commitlog/") for p in changed), changed
+        return dict(store_expectations("crash"), scenario=scenario)
+    if scenario == "crash":
+        return dict(scenario=scenario, queues=m["queuesBeforeCrash"],
+                    queries=m["queriesBeforeCrash"], checkpoint=m["checkpoint"],
+                    truncate_at=None, min_phy_offset=m["minPhyOffset"], walk=m["commitlogWalk"], messages=m["messages"])
+    if "recovery" in m:
+        r = m["recovery"]
+        return dict(scenario=scenario, queues=r["queues"], queries=r["queries"],
+                    checkpoint=r["checkpointAfterShutdown"], truncate_at=r["maxPhyOffset"],
+                    min_phy_offset=r["minPhyOffset"], walk=r["commitlogWalk"],
+                    messages=manifest("crash")["messages"])
+    return dict(scenario=scenario, queues=m["queues"], queries=m["queries"],
+                checkpoint=m["checkpoint"], truncate_at=None, min_phy_offset=m["minPhyOffset"],
+                walk=m["commitlogWalk"], messages=m["messages"])
