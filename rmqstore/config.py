@@ -233,11 +233,35 @@ def load_broker_conf(path: str | os.PathLike) -> dict[str, object]:
     return values
 
 
-def _segment_sizes(directory: Path) -> set[int]:
-    if not directory.is_dir():
-        return set()
-    return {p.stat().st_size for p in directory.iterdir()
-            if SEGMENT_NAME.match(p.name) and p.is_file() and p.stat().st_size > 0}
+def _segment_size(directories: list[Path]) -> tuple[int | None, str]:
+    """The segment size the files of a queue agree on, and how it was decided.
+
+    All sizes equal decides it; otherwise the most common size must also be the step
+    between consecutive names (a truncated or odd file is then a problem to report,
+    not a reason to fall back to the default)."""
+    from collections import Counter
+
+    sizes: Counter[int] = Counter()
+    starts: list[int] = []
+    for d in directories:
+        if not d.is_dir():
+            continue
+        for p in d.iterdir():
+            if SEGMENT_NAME.match(p.name) and p.is_file():
+                size = p.stat().st_size
+                if size > 0:
+                    sizes[size] += 1
+                starts.append(int(p.name))
+    if not sizes:
+        return None, ""
+    if len(sizes) == 1:
+        return next(iter(sizes)), "segment file size"
+    common, _ = sizes.most_common(1)[0]
+    starts.sort()
+    steps = {b - a for a, b in zip(starts, starts[1:]) if b > a}
+    if steps and min(steps) == common:
+        return common, "most common segment file size, matching the step between names"
+    return None, f"ambiguous: segment files have sizes {sorted(sizes)}"
 
 
 def infer_geometry(root: Path) -> tuple[dict[str, int], dict[str, str]]:
@@ -249,20 +273,18 @@ def infer_geometry(root: Path) -> tuple[dict[str, int], dict[str, str]]:
     """
     values: dict[str, int] = {}
     notes: dict[str, str] = {}
-    sizes = _segment_sizes(root / "commitlog")
-    if len(sizes) == 1:
-        values["mapped_file_size_commit_log"] = sizes.pop()
-        notes["mapped_file_size_commit_log"] = "files: commitlog segment size"
-    cq = set()
+    size, how = _segment_size([root / "commitlog"])
+    if size:
+        values["mapped_file_size_commit_log"] = size
+    if how:
+        notes["mapped_file_size_commit_log"] = f"files: commitlog {how}"
     base = root / "consumequeue"
-    if base.is_dir():
-        for topic in base.iterdir():
-            if topic.is_dir():
-                for q in topic.iterdir():
-                    cq |= _segment_sizes(q)
-    if len(cq) == 1:
-        values["mapped_file_size_consume_queue"] = cq.pop()
-        notes["mapped_file_size_consume_queue"] = "files: consumequeue segment size"
+    qdirs = [q for t in base.iterdir() if t.is_dir() for q in t.iterdir()] if base.is_dir() else []
+    size, how = _segment_size(qdirs)
+    if size:
+        values["mapped_file_size_consume_queue"] = size
+    if how:
+        notes["mapped_file_size_consume_queue"] = f"files: consumequeue {how}"
     idx = root / "index"
     isizes = {p.stat().st_size for p in idx.iterdir() if p.is_file()} if idx.is_dir() else set()
     if len(isizes) == 1:
