@@ -340,7 +340,8 @@ def resync(w: Window, begin: int, end: int) -> int | None:
 def _walk(w: Window, first: int, end: int) -> tuple[list[int], int, str]:
     """Record starts from ``first`` while they are below ``end``, following TOTALSIZE;
     (starts, where the walk stopped, why): "range" when the next start is at or past
-    ``end``, else blank / end / zeros / bad magic / bad size / short (spec §3.9)."""
+    ``end`` and holds a record header, else blank / end / zeros / bad magic / bad size /
+    short, for the position where valid data stops (spec §3.9) -- possibly past ``end``."""
     buf, lo, size = w.buf, w.lo, w.size
     v1, v2 = L.MAGIC_V1, L.MAGIC_V2
     unpack = _HEAD.unpack_from
@@ -364,7 +365,20 @@ def _walk(w: Window, first: int, end: int) -> tuple[list[int], int, str]:
             w.need(pos + total)
         append(pos)
         pos += total
-    return starts, pos, ("end" if pos == size else "range")
+    # Classify where the chain leaves the range too: a BLANK or zeros there ends the
+    # file's data, which the split that holds that position cannot see by resync.
+    left = size - pos
+    if left == 0:
+        return starts, pos, "end"
+    if left < 8:
+        return starts, pos, "short"
+    w.need(pos + 8)
+    total, magic = unpack(w.buf, pos - w.lo)
+    if magic == v1 or magic == v2:
+        return starts, pos, ("range" if _MIN_RECORD <= total <= left else "bad size")
+    if magic == L.MAGIC_BLANK:
+        return starts, pos, "blank"
+    return starts, pos, ("zeros" if total == 0 and magic == 0 else "bad magic")
 
 
 @dataclass
