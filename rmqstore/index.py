@@ -21,7 +21,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from . import layout as L
-from .codec import index_hash
+from .codec import index_hash, split_keys
 from .errors import ConfigError, SegmentError
 
 DEFAULT_HASH_SLOT_NUM = 5_000_000
@@ -389,13 +389,20 @@ class IndexService:
         self.put_hash(index_hash(key), phy_offset, store_timestamp)
 
     def put_hash(self, key_hash: int, phy_offset: int, store_timestamp: int) -> None:
+        if not 0 <= key_hash <= L.INT32_MAX:
+            raise ValueError(f"index hashes are 0 .. 2^31-1 (spec §7.2), got {key_hash}")
         f = self.files[-1] if self.files else self._new_file()
         if not f.put(key_hash, phy_offset, store_timestamp):
             self._new_file().put(key_hash, phy_offset, store_timestamp)
 
-    def build_index(self, topic: str, uniq_key: str | None, keys: Iterable[str],
+    def build_index(self, topic: str, uniq_key: str | None, keys: str | Iterable[str] | None,
                     phy_offset: int, store_timestamp: int, sys_flag: int = 0) -> int:
-        """Dispatch one record (spec §7.3); returns the number of keys put."""
+        """Dispatch one record (spec §7.3); returns the number of keys put.
+
+        ``keys`` is the KEYS property text (split on single spaces) or its tokens.
+        """
+        if keys is None or isinstance(keys, str):
+            keys = split_keys(keys)
         f = self.current_file()
         if phy_offset < f.header.end_phy_offset:
             return 0
@@ -416,6 +423,8 @@ class IndexService:
         h = np.asarray(key_hashes, dtype=np.int64)
         phy = np.asarray(phy_offsets, dtype=np.int64)
         ts = np.asarray(store_timestamps, dtype=np.int64)
+        if len(h) and (h.min() < 0 or h.max() > L.INT32_MAX):
+            raise ValueError("index hashes are 0 .. 2^31-1 (spec §7.2)")
         if skip_stale and len(phy):
             end0 = self.files[-1].header.end_phy_offset if self.files else 0
             keep = phy >= np.maximum.accumulate(np.concatenate(([end0], phy[:-1])))

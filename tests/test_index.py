@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import MESSAGE_SCENARIOS, SCENARIOS, scenario_params, store_expectations, tree_hashes
-from rmqstore.codec import index_hash, index_hash_many, split_keys
+from rmqstore.codec import index_hash_many, split_keys
 from rmqstore.errors import ConfigError
 from rmqstore.index import (IndexFile, IndexGeometry, IndexReader, IndexService, build_index,
                             index_file_name, infer_index_geometry)
@@ -78,6 +78,23 @@ def test_min_value_hash_goes_to_slot_zero(tmp_path):
         assert f.slots.tolist() == [1, 0, 0, 0]
         assert f.used_entries["key_hash"].tolist() == [0]
         assert svc.query("TopicTest", "key-qqhdwuj").phy_offsets == [77]
+
+
+def test_dispatch_rules(tmp_path):
+    """§7.3: UNIQ_KEY then KEYS split on single spaces, empty tokens dropped; ROLLBACK
+    skipped, PREPARED indexed; a record below endPhyOffset skipped, the last one again."""
+    with IndexService(tmp_path, IndexGeometry(8, 32), clock=_clock()) as svc:
+        assert svc.build_index("T", "U1", "a  b a", 100, 5_000) == 4
+        assert svc.build_index("T", None, "c", 200, 6_000, sys_flag=0xC) == 0
+        assert svc.build_index("T", None, "d", 300, 6_000, sys_flag=0x4) == 1
+        assert svc.build_index("T", None, "e", 250, 6_000) == 0
+        assert svc.build_index("T", None, "f", 300, 6_000) == 1
+        q = svc.query
+        assert q("T", "U1").phy_offsets == [100] and q("T", "a").phy_offsets == [100, 100]
+        assert q("T", "b").phy_offsets == [100] and q("T", "").phy_offsets == []
+        assert q("T", "c").phy_offsets == [] and q("T", "d").phy_offsets == [300]
+        assert q("T", "e").phy_offsets == [] and q("T", "f").phy_offsets == [300]
+        assert svc.files[0].header.index_count == 7
 
 
 def test_geometry_inference():
@@ -248,8 +265,10 @@ def test_fresh_follow_on_file_header(tmp_path):
     g = IndexGeometry(2, 2)
     with IndexService(tmp_path, g, clock=_clock()) as svc:
         svc.put_key("T#a", 500, 9_000)
-        svc.build_index("T", None, [], 600, 9_500)  # the last file is full: a new one
+        svc.build_index("T", None, None, 600, 9_500)  # the last file is full: a new one
         assert len(svc.files) == 2 and svc.index_msg_timestamp == 9_000
+    with pytest.raises(ValueError):
+        IndexService(tmp_path, g).put_hashes([-5], [1], [1])
     data = sorted(tmp_path.iterdir())[1].read_bytes()
     assert data[:40] == bytes.fromhex("0000000000002328" * 2 + "00000000000001f4" * 2 + "00" * 8)
 
