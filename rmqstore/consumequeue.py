@@ -238,7 +238,10 @@ class ConsumeQueue:
 
     @property
     def units(self) -> np.ndarray:
-        """Units ``[base_offset, max_offset)`` as one CQ_UNIT_DTYPE array (a copy)."""
+        """Units ``[base_offset, max_offset)`` as one CQ_UNIT_DTYPE array (a copy).
+
+        Row i is queue offset ``base_offset + i`` unless the queue has a gap (a problem).
+        """
         if self._units is None:
             parts = [u[:n] for (_, u), n in zip(self.segments, self._used)]
             self._units = (np.concatenate(parts) if parts
@@ -267,17 +270,20 @@ class ConsumeQueue:
 
     def iter_units(self, start: int | None = None, *, placeholders: bool = False
                    ) -> Iterator[CQUnit]:
-        """(queueOffset, commitLogOffset, size, tagsCode) from ``start`` to the end."""
-        units = self.units
-        first = self.base_offset
-        lo = 0 if start is None else max(0, start - first)
-        for k in range(lo, len(units), 65536):
-            chunk = units[k:k + 65536]
-            rows = zip(chunk["commit_log_offset"].tolist(), chunk["size"].tolist(),
-                       chunk["tags_code"].tolist())
-            for j, (off, size, tags) in enumerate(rows):
-                if placeholders or not (size == L.CQ_PLACEHOLDER_SIZE and off == 0):
-                    yield CQUnit(first + k + j, off, size, tags)
+        """(queueOffset, commitLogOffset, size, tagsCode) from ``start`` to the end.
+
+        Queue offsets come from each segment's name, so they stay right across a gap.
+        """
+        for (seg_start, seg_units), n in zip(self.segments, self._used):
+            first = seg_start // UNIT
+            lo = 0 if start is None else min(n, max(0, start - first))
+            for k in range(lo, n, 65536):
+                chunk = seg_units[k:min(n, k + 65536)]
+                rows = zip(chunk["commit_log_offset"].tolist(), chunk["size"].tolist(),
+                           chunk["tags_code"].tolist())
+                for j, (off, size, tags) in enumerate(rows):
+                    if placeholders or not (size == L.CQ_PLACEHOLDER_SIZE and off == 0):
+                        yield CQUnit(first + k + j, off, size, tags)
 
     __iter__ = iter_units
 

@@ -238,3 +238,14 @@ def test_bulk_equals_incremental(tmp_path_factory, data, file_size):
             n_bulk += w.put_many(*c)
     assert n_bulk == n_inc
     assert tree_hashes(bulk) == tree_hashes(inc)
+
+
+def test_iteration_from_an_offset_and_across_segments(tmp_path):
+    with ConsumeQueueWriter(tmp_path, 40) as w:
+        w.put_many(range(3, 10), range(0, 70, 10), [5] * 7, range(7))
+    with ConsumeQueue(tmp_path, 40) as cq:
+        assert cq.base_offset == 2 and cq.unit_at(2).is_placeholder
+        assert [u.queue_offset for u in cq.iter_units(5)] == [5, 6, 7, 8, 9]
+        assert [u.tags_code for u in cq.iter_units(8)] == [5, 6]
+        assert [u.queue_offset for u in cq.iter_units(0, placeholders=True)] == list(range(2, 10))
+        assert list(cq.iter_units(10)) == []
