@@ -23,6 +23,8 @@ import threading
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from . import layout as L
 from .append import Appended
 from .codec import SCHEDULE_TOPIC, java_hash, parse_properties
@@ -30,6 +32,48 @@ from .consumequeue import ConsumeQueue, ConsumeQueueWriter, list_queues
 
 _CQ_TYPES = (L.TRANSACTION_NOT_TYPE, L.TRANSACTION_COMMIT)
 _TAGS_CACHE_MAX = 1 << 16
+
+
+def _pow31(n: int) -> np.ndarray:
+    p = np.ones(max(n, 1), dtype=np.uint64)
+    for k in range(1, n):
+        p[k] = (int(p[k - 1]) * 31) & 0xFFFFFFFF
+    return p
+
+
+_POW = _pow31(256)
+
+
+def index_hashes(keys: Sequence[str]) -> np.ndarray:
+    """Index hashes (spec §7.2) of many keys: Java ``String.hashCode`` as one matrix
+    product per distinct key length instead of a loop over UTF-16 units."""
+    global _POW
+    n = len(keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    joined = "".join(keys).encode("utf-16-be", "surrogatepass")
+    lens = np.fromiter(map(len, keys), dtype=np.int64, count=n)
+    if len(joined) != 2 * int(lens.sum()):
+        # Characters outside the BMP count as two units: measure each key.
+        lens = np.fromiter((len(k.encode("utf-16-be", "surrogatepass")) >> 1 for k in keys),
+                           dtype=np.int64, count=n)
+    units = np.frombuffer(joined, dtype=">u2").astype(np.uint64)
+    starts = np.cumsum(lens) - lens
+    if int(lens.max()) > len(_POW):
+        _POW = _pow31(int(lens.max()))
+    h = np.zeros(n, dtype=np.uint64)
+    for length in np.unique(lens).tolist():
+        if length == 0:
+            continue
+        sel = np.flatnonzero(lens == length)
+        mat = units[starts[sel, None] + np.arange(length)]
+        # Each product is < 2**48, so the row sums cannot overflow 64 bits for keys
+        # shorter than 65536 units; the mod 2**32 is taken once at the end.
+        h[sel] = (mat * _POW[length - 1::-1]).sum(axis=1) & np.uint64(0xFFFFFFFF)
+    signed = h.astype(np.uint32).view(np.int32).astype(np.int64)
+    out = np.abs(signed)
+    out[out == 2**31] = 0  # Math.abs(MIN_VALUE) is negative: RocketMQ uses 0
+    return out
 
 
 def queue_state(root: Path, cq_file_size: int) -> tuple[dict[tuple[str, int], int], int]:
@@ -97,28 +141,79 @@ class Dispatcher:
                                    a.offset, a.store_timestamp, a.sys_flag)
         self.dispatched += 1
 
-    def dispatch_many(self, records: Iterable[Appended]) -> None:
+    def dispatch_many(self, records: Sequence[Appended]) -> None:
+        """:meth:`dispatch` for records in CommitLog order, vectorised: CQ units go to
+        each queue with one bulk write, index keys are hashed together (same bytes)."""
+        if len(records) < 32:
+            for a in records:
+                self.dispatch(a)
+            return
+        groups: dict[tuple[str, int], tuple[list, list, list, list]] = {}
+        keys: list[str] = []
+        key_phy: list[int] = []
+        key_ts: list[int] = []
+        last_ts = None
+        tags_code = self._tags_code
+        index = self.index
         for a in records:
-            self.dispatch(a)
+            tx = a.sys_flag & L.SYSFLAG_TRANSACTION_MASK
+            props = a.properties
+            if tx in _CQ_TYPES:
+                g = groups.get((a.topic, a.queue_id))
+                if g is None:
+                    g = groups[(a.topic, a.queue_id)] = ([], [], [], [])
+                g[0].append(a.queue_offset)
+                g[1].append(a.offset)
+                g[2].append(a.size)
+                g[3].append(tags_code(a.topic, props, a.store_timestamp))
+                last_ts = a.store_timestamp
+            if index is not None and tx != L.TRANSACTION_ROLLBACK:
+                uniq = props.get("UNIQ_KEY")
+                if uniq is not None:
+                    keys.append(f"{a.topic}#{uniq}")
+                    key_phy.append(a.offset)
+                    key_ts.append(a.store_timestamp)
+                k = props.get("KEYS")
+                if k:
+                    for t in k.split(" "):
+                        if t:
+                            keys.append(f"{a.topic}#{t}")
+                            key_phy.append(a.offset)
+                            key_ts.append(a.store_timestamp)
+        for (topic, qid), (qo, phy, size, tags) in groups.items():
+            self._writer(topic, qid).put_many(qo, phy, size, tags)
+        if last_ts is not None:
+            self.logics_timestamp = last_ts
+        if index is not None:
+            if not index.files:
+                index.current_file()  # the first dispatched record creates a file (§7.5)
+            if keys:
+                index.put_hashes(index_hashes(keys), key_phy, key_ts, skip_stale=True)
+        self.dispatched += len(records)
 
     def dispatch_log(self, commitlog, start: int, end: int | None = None) -> int:
         """Re-read records in ``[start, end)`` from a :class:`~rmqstore.commitlog.CommitLog`
         and dispatch them (a reput from the files, spec §9). Returns the offset reached."""
         from .commitlog import Check
         reached = start
+        chunk: list[Appended] = []
         for off, c in commitlog.walk(start, check_crc=False):
             if end is not None and off >= end:
                 break
             if c.status is Check.OK:
                 m = commitlog.read_at(off)
-                self.dispatch(Appended(off, c.size, m.topic, m.queue_id, m.queue_offset,
-                                       m.sys_flag, m.store_timestamp,
-                                       parse_properties(m.properties_text or "")))
+                chunk.append(Appended(off, c.size, m.topic, m.queue_id, m.queue_offset,
+                                      m.sys_flag, m.store_timestamp,
+                                      parse_properties(m.properties_text or "")))
+                if len(chunk) >= 4096:
+                    self.dispatch_many(chunk)
+                    chunk = []
                 reached = off + c.size
             elif c.status is Check.END_OF_SEGMENT:
                 reached = commitlog.queue.find(off)[0].end
             else:
                 break
+        self.dispatch_many(chunk)
         return reached
 
     def flush(self) -> None:
@@ -165,8 +260,7 @@ class BackgroundDispatcher:
                 self._pending.clear()
                 self._busy = True
             try:
-                for records in batch:
-                    self.dispatcher.dispatch_many(records)
+                self.dispatcher.dispatch_many([a for records in batch for a in records])
             except BaseException as e:  # kept for close() to raise: dispatch must not die silently
                 self.error = e
             with self._cond:
