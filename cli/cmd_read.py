@@ -62,10 +62,10 @@ def dump(
     if kind.kind in ("store", "commitlog-segment"):
         reader = open_store(path, config) if kind.kind == "store" else open_segment_file(path, config)
         with reader:
-            msgs = reader.messages(topic=topic, queue_id=queue_id, from_offset=from_offset,
-                                   to_offset=to_offset, since=t_since, until=t_until, limit=limit)
-            render.write_rows(_message_rows(msgs, _body_mode(body, out)), out, MESSAGE_COLUMNS,
-                              time_columns=("storeTimestamp",))
+            rows = reader.message_dicts(_body_mode(body, out), topic=topic, queue_id=queue_id,
+                                        from_offset=from_offset, to_offset=to_offset,
+                                        since=t_since, until=t_until, limit=limit)
+            render.write_rows(rows, out, MESSAGE_COLUMNS, time_columns=("storeTimestamp",))
         return
     if kind.kind in ("consumequeue-dir", "consumequeue-file"):
         from rmqstore.consumequeue import ConsumeQueue

@@ -160,9 +160,25 @@ class StoreReader:
                                  from_offset=from_offset, to_offset=to_offset,
                                  since=since, until=until, limit=limit)
 
+    def message_dicts(self, body: str = "base64", **filters) -> Iterator[dict]:
+        """The message JSON of :mod:`rmqstore.view` for each selected message (fast path)."""
+        from .view import message_dicts
 
-def iter_messages(commitlog: CommitLog, *, topic=None, queue_id=None, from_offset=None,
-                  to_offset=None, since=None, until=None, limit=None) -> Iterator[Message]:
+        for cols, chosen in iter_selected(self.commitlog, **filters):
+            yield from message_dicts(cols, body, chosen)
+
+
+def iter_messages(commitlog: CommitLog, **filters) -> Iterator[Message]:
+    """Decoded messages of the CommitLog, filtered (see :meth:`StoreReader.messages`)."""
+    for cols, keep in iter_selected(commitlog, **filters):
+        for i in keep.tolist():
+            yield cols.message(i)
+
+
+def iter_selected(commitlog: CommitLog, *, topic=None, queue_id=None, from_offset=None,
+                  to_offset=None, since=None, until=None, limit=None):
+    """(columns, indices) per segment for the valid records that pass the filters, in
+    physical order, at most ``limit`` records in all."""
     import numpy as np
 
     count = 0
@@ -189,11 +205,14 @@ def iter_messages(commitlog: CommitLog, *, topic=None, queue_id=None, from_offse
             names, ids = cols.topic_table()
             wanted = [i for i, n in enumerate(names) if n == topic]
             keep &= np.isin(ids, wanted)
-        for i in np.flatnonzero(keep).tolist():
-            yield cols.message(i)
-            count += 1
-            if limit is not None and count >= limit:
-                return
+        chosen = np.flatnonzero(keep)
+        if limit is not None:
+            chosen = chosen[:limit - count]
+        if len(chosen):
+            yield cols, chosen
+        count += len(chosen)
+        if limit is not None and count >= limit:
+            return
         if scan.stop != "blank" and scan.stop != "end":
             return  # valid data ends in this segment (spec §10.1)
 

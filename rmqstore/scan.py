@@ -36,7 +36,11 @@ def _int_at(u8: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
     if len(pos) == 0:
         return np.zeros(0, dtype=np.int64)
     view = _strided(u8, width)
-    return view[np.clip(pos, 0, max(len(view) - 1, 0))].astype(np.int64)
+    if len(view) == 0:
+        return np.zeros(len(pos), dtype=np.int64)
+    # Positions past the end only come from damaged length fields; the size check that
+    # follows rejects those records, so any in-range value will do.
+    return view[np.minimum(pos, len(view) - 1)].astype(np.int64)
 
 
 def walk_chain(buf, pos: int, limit: int) -> tuple[np.ndarray, int, str]:
@@ -135,6 +139,22 @@ class RecordColumns:
         port_off, _ = L.RECORD_FIXED_OFFSETS[combo][f"{which}_port"]
         port = int.from_bytes(self.u8[p + port_off:p + port_off + 4].tobytes(), "big", signed=True)
         return Host(self.u8[p + off:p + off + width].tobytes(), port)
+
+    def host_keys(self, which: str) -> np.ndarray:
+        """An int per record such that equal keys mean equal ``born_host``/``store_host``:
+        IPv4 address and port packed exactly; an IPv6 host gets a key of its own (a
+        negative record number), so callers decode those one by one."""
+        combo = self.combo
+        v6_bit = 2 if which == "born_host" else 1
+        port = getattr(self, f"{which}_port")
+        offsets = np.array([L.RECORD_FIXED_OFFSETS[c][f"{which}_address"][0] for c in _COMBOS])
+        addr_pos = self.pos + (offsets[combo] if combo.any() else int(offsets[0]))
+        key = _int_at(self.u8, addr_pos, 4) & 0xFFFFFFFF
+        v6 = (combo & v6_bit) != 0
+        key = (key << 32) | (port & 0xFFFFFFFF)
+        if v6.any():
+            key = np.where(v6, -1 - np.arange(len(key)), key)
+        return key
 
     def topic_table(self) -> tuple[list[str], np.ndarray]:
         """(distinct topics, topic id of each record)."""

@@ -72,6 +72,64 @@ def message_dict(msg: Message, body: str = "base64") -> dict[str, Any]:
     return d
 
 
+def message_dicts(cols, body: str = "base64", indices=None):
+    """Message JSON objects for records of a :class:`~rmqstore.scan.RecordColumns`, the
+    same as :func:`message_dict` of each decoded record but built from the gathered
+    columns: per record only the properties and body are decoded; topics, hosts and
+    offsetMsgId prefixes come from small caches."""
+    import numpy as np
+
+    from .codec import parse_properties, split_keys
+
+    idx = np.arange(len(cols)) if indices is None else np.asarray(indices)
+    if len(idx) == 0:
+        return
+    names, tids = cols.topic_table()
+    mv = memoryview(cols.u8)
+    born_keys, store_keys = cols.host_keys("born_host"), cols.host_keys("store_host")
+    host_text: dict = {}
+    prefixes: dict = {}
+    fields = ("size", "magic", "body_crc", "queue_id", "flag", "queue_offset",
+              "sys_flag", "born_timestamp", "store_timestamp", "reconsume_times",
+              "prepared_transaction_offset", "physical_offset", "body_pos", "body_len",
+              "props_pos", "props_len")
+    v2 = L.MAGIC_V2
+    for start in range(0, len(idx), 8192):
+        chunk = idx[start:start + 8192]
+        columns = [getattr(cols, f)[chunk].tolist() for f in fields]
+        columns += [tids[chunk].tolist(), born_keys[chunk].tolist(), store_keys[chunk].tolist(),
+                    chunk.tolist()]
+        for (size, magic, crc, qid, flag, qoff, sysf, born_ts, store_ts, recon, prep, phys,
+             bpos, blen, ppos, plen, tid, bkey, skey, i) in zip(*columns):
+            born = host_text.get(bkey)
+            if born is None:
+                born = host_text[bkey] = str(cols.host("born_host", i))
+            store = host_text.get(skey)
+            if store is None:
+                store = host_text[skey] = str(cols.host("store_host", i))
+            prefix = prefixes.get(skey)
+            if prefix is None:
+                h = cols.host("store_host", i)
+                prefix = prefixes[skey] = h.address + h.port.to_bytes(4, "big", signed=True)
+            text = mv[ppos:ppos + plen].tobytes().decode("utf-8", "replace")
+            props = parse_properties(text)
+            d = {
+                "commitLogOffset": phys, "storeSize": size, "magic": "v2" if magic == v2 else "v1",
+                "bodyCRC": crc, "queueId": qid, "flag": flag, "queueOffset": qoff, "sysFlag": sysf,
+                "bornTimestamp": born_ts, "bornHost": born, "storeTimestamp": store_ts,
+                "storeHost": store, "reconsumeTimes": recon, "preparedTransactionOffset": prep,
+                "topic": names[tid], "properties": props, "tags": props.get("TAGS"),
+                "keys": split_keys(props.get("KEYS")), "uniqKey": props.get("UNIQ_KEY"),
+                "offsetMsgId": (prefix + phys.to_bytes(8, "big", signed=True)).hex().upper(),
+                "body": encode_body(mv[bpos:bpos + blen].tobytes(), body),
+            }
+            if body != "none":
+                d["bodyEncoding"] = body
+            if properties_need_text(props, text):
+                d["propertiesText"] = text
+            yield d
+
+
 def unit_dict(queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> dict[str, int]:
     """A ConsumeQueue unit as printed: ``queueOffset, commitLogOffset, size, tagsCode``."""
     return {"queueOffset": queue_offset, "commitLogOffset": commit_log_offset,
