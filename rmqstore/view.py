@@ -87,7 +87,8 @@ def message_dicts(cols, body: str = "base64", indices=None):
     names, tids = cols.topic_table()
     mv = memoryview(cols.u8)
     born_keys, store_keys = cols.host_keys("born_host"), cols.host_keys("store_host")
-    host_text: dict = {}
+    born_text: dict = {}
+    store_text: dict = {}
     prefixes: dict = {}
     fields = ("size", "magic", "body_crc", "queue_id", "flag", "queue_offset",
               "sys_flag", "born_timestamp", "store_timestamp", "reconsume_times",
@@ -101,12 +102,12 @@ def message_dicts(cols, body: str = "base64", indices=None):
                     chunk.tolist()]
         for (size, magic, crc, qid, flag, qoff, sysf, born_ts, store_ts, recon, prep, phys,
              bpos, blen, ppos, plen, tid, bkey, skey, i) in zip(*columns):
-            born = host_text.get(bkey)
+            born = born_text.get(bkey)
             if born is None:
-                born = host_text[bkey] = str(cols.host("born_host", i))
-            store = host_text.get(skey)
+                born = born_text[bkey] = str(cols.host("born_host", i))
+            store = store_text.get(skey)
             if store is None:
-                store = host_text[skey] = str(cols.host("store_host", i))
+                store = store_text[skey] = str(cols.host("store_host", i))
             prefix = prefixes.get(skey)
             if prefix is None:
                 h = cols.host("store_host", i)
