@@ -1,0 +1,120 @@
+"""``rmqstore bench``: time the engine on generated data (see :mod:`rmqstore.bench`)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from cli import render
+from cli.common import Format, app, handles_errors
+
+BENCH_HELP = """Time rmqstore on data it generates: messages/s, MB/s and seconds, the median of
+--runs runs. With no benchmark named, runs them all. The data goes to a subfolder of --dir
+(or of a temporary folder) and is removed afterwards. Benchmarks that cannot run here (spark-export
+without pyspark or Java, verify before it exists) are reported as skipped."""
+
+bench_app = typer.Typer(help=BENCH_HELP, invoke_without_command=True, no_args_is_help=False,
+                        context_settings={"help_option_names": ["-h", "--help"]})
+app.add_typer(bench_app, name="bench")
+
+COLUMNS = ("name", "messages", "MB", "seconds", "msgs/s", "MB/s", "status")
+
+_SIZE_HELP = "MiB of CommitLog data to generate (append writes about this much). Default 64."
+_BODY_HELP = "Body size of each generated message, in bytes. Default 100."
+_RUNS_HELP = "Runs per benchmark; the median is reported. Default 3."
+_DIR_HELP = "Folder to put the generated data in (to choose the disk); the data goes in a subfolder that is removed afterwards. Default: a temporary folder."
+_SEG_HELP = "CommitLog segment size in MiB (mappedFileSizeCommitLog). Default 1024, RocketMQ's."
+_LOOKUPS_HELP = "Keys looked up by the query-key benchmark per run. Default 1000."
+_FORMAT_HELP = "Output format: table (default on a terminal), json (an array, one object per benchmark), or jsonl (default when piped)."
+
+
+def _opts(ctx: typer.Context, **given):
+    from rmqstore.bench import BenchOptions
+
+    base = dict(ctx.obj or {})
+    base.update({k: v for k, v in given.items() if v is not None})
+    fmt = base.pop("fmt", None)
+    return BenchOptions(**{k: v for k, v in base.items() if v is not None}), fmt
+
+
+def _run(names, opts, fmt: Optional[Format]) -> None:
+    from rmqstore.bench import run
+
+    from cli.common import resolve_format
+
+    out = resolve_format(fmt)
+    results = []
+    for name in names:
+        if sys.stderr.isatty():
+            sys.stderr.write(f"bench: {name} ...\n")
+            sys.stderr.flush()
+        r = run(name, opts)
+        if r.skipped:
+            typer.echo(f"rmqstore: bench {name} skipped: {r.skipped}", err=True)
+        results.append(r)
+    if out is Format.table:
+        rows = [{"name": r.name, "messages": r.messages if not r.skipped else "",
+                 "MB": f"{r.bytes / 2**20:.1f}" if not r.skipped else "",
+                 "seconds": f"{r.seconds:.3f}" if not r.skipped else "",
+                 "msgs/s": f"{r.msgs_per_sec:,.0f}" if not r.skipped else "",
+                 "MB/s": f"{r.mb_per_sec:,.1f}" if not r.skipped else "",
+                 "status": f"skipped: {r.skipped}" if r.skipped else f"median of {len(r.runs)}"}
+                for r in results]
+        render.write_rows(rows, out, COLUMNS, title="rmqstore bench")
+    else:
+        render.write_rows([r.as_dict() for r in results if not r.skipped], out, COLUMNS)
+
+
+@bench_app.callback()
+@handles_errors
+def bench(
+    ctx: typer.Context,
+    size_mb: Optional[float] = typer.Option(None, "--size-mb", min=0.01, help=_SIZE_HELP),
+    body_size: Optional[int] = typer.Option(None, "--body-size", min=0, help=_BODY_HELP),
+    runs: Optional[int] = typer.Option(None, "--runs", min=1, help=_RUNS_HELP),
+    directory: Optional[str] = typer.Option(None, "--dir", help=_DIR_HELP),
+    segment_mb: Optional[int] = typer.Option(None, "--segment-mb", min=1, max=2047, help=_SEG_HELP),
+    lookups: Optional[int] = typer.Option(None, "--lookups", min=1, help=_LOOKUPS_HELP),
+    fmt: Optional[Format] = typer.Option(None, "--format", "-f", help=_FORMAT_HELP, case_sensitive=False),
+) -> None:
+    ctx.obj = {"size_mb": size_mb, "body_size": body_size, "runs": runs, "dir": directory,
+               "segment_mb": segment_mb, "lookups": lookups, "fmt": fmt}
+    if ctx.invoked_subcommand is None:
+        from rmqstore.bench import BENCHMARKS
+
+        opts, fmt = _opts(ctx)
+        _run(BENCHMARKS, opts, fmt)
+
+
+def _command(name: str, doc: str):
+    @handles_errors
+    def command(
+        ctx: typer.Context,
+        size_mb: Optional[float] = typer.Option(None, "--size-mb", min=0.01, help=_SIZE_HELP),
+        body_size: Optional[int] = typer.Option(None, "--body-size", min=0, help=_BODY_HELP),
+        runs: Optional[int] = typer.Option(None, "--runs", min=1, help=_RUNS_HELP),
+        directory: Optional[str] = typer.Option(None, "--dir", help=_DIR_HELP),
+        segment_mb: Optional[int] = typer.Option(None, "--segment-mb", min=1, max=2047, help=_SEG_HELP),
+        lookups: Optional[int] = typer.Option(None, "--lookups", min=1, help=_LOOKUPS_HELP),
+        fmt: Optional[Format] = typer.Option(None, "--format", "-f", help=_FORMAT_HELP, case_sensitive=False),
+    ) -> None:
+        from rmqstore.bench import BENCHMARKS
+
+        opts, out = _opts(ctx, size_mb=size_mb, body_size=body_size, runs=runs, dir=directory,
+                          segment_mb=segment_mb, lookups=lookups, fmt=fmt)
+        _run(BENCHMARKS if name == "all" else (name,), opts, out)
+
+    command.__doc__ = doc
+    command.__name__ = f"bench_{name.replace('-', '_')}"
+    bench_app.command(name)(command)
+
+
+_command("append", "Append generated messages through MessageStore.put, from the first put to a clean close (flush and dispatch included).")
+_command("scan", "Bulk-scan a generated CommitLog into per-queue statistics (what `rmqstore stats` does).")
+_command("verify", "Verify a generated clean store (CommitLog, ConsumeQueues, IndexFiles).")
+_command("rebuild", "Rebuild ConsumeQueues and IndexFiles from a generated CommitLog.")
+_command("query-key", "Look keys up through the IndexFiles of a generated store, one query per key.")
+_command("spark-export", "Export a generated store to Parquet with Spark in local mode (needs pyspark and Java; the session start is not timed).")
+_command("all", "Run every benchmark.")
