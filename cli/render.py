@@ -7,6 +7,7 @@ rich itself; tables fold to plain text when stdout is not a terminal.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, Iterable, Sequence
 
@@ -18,7 +19,10 @@ _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 def console():
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=False)
+    # rich's own NO_COLOR support drops colours but keeps bold and italic escapes;
+    # no-color.org asks for plain text, so with NO_COLOR set no styles are rendered at all.
+    plain = bool(os.environ.get("NO_COLOR"))
+    return Console(highlight=False, soft_wrap=False, **({"color_system": None} if plain else {}))
 
 
 def write_jsonl(rows: Iterable[dict[str, Any]]) -> int:
