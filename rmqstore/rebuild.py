@@ -1,0 +1,367 @@
+"""Rebuild ConsumeQueue and IndexFile from the CommitLog (re-dispatch, spec §9).
+
+``rebuild(root)`` scans the CommitLog segments in parallel worker processes
+(:func:`scan_commitlog`: chain, §3.9 size rule, body CRC, tagsCode and index key hashes,
+all vectorised in :mod:`rmqstore.redispatch`), merges them in CommitLog order, and writes
+new files into a scratch directory *inside* the store with the bulk builders
+(:func:`~rmqstore.consumequeue.build_consume_queue`, :func:`~rmqstore.index.build_index`),
+which write the same bytes as the broker's dispatch. The new directories are then swapped
+in by rename: until the swap the old files are untouched, so a crash mid-rebuild leaves a
+usable store (and a scratch directory that ``verify`` reports and ``repair`` removes).
+
+With ``from_offset`` only records at or after it are re-dispatched: ConsumeQueue units
+pointing there or later are cut first, and index files that reach it are rebuilt from the
+end of the last index file before it (the §7.3 ``offset < endPhyOffset`` skip applies).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from . import checkpoint as ckpt
+from . import layout as L
+from .config import StoreConfig, load_config
+from .consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, build_consume_queue, list_queues
+from .errors import NotAStoreError
+from .index import IndexFile, IndexGeometry, IndexService, _list_index_files
+from .redispatch import StoreScan, dispatch_file, store_scan
+from .segments import SegmentQueue
+
+SCRATCH_PREFIX = ".rmqstore-rebuild-"
+#: Below this many CommitLog bytes the scan stays in this process (forking costs more).
+PARALLEL_MIN_BYTES = 32 * 1024 * 1024
+
+Progress = Callable[[int, int], None]
+
+
+def _jobs(queue: SegmentQueue, check_crc: bool, delay, keys: bool):
+    return [(str(s.path), s.start, s.readable_size, check_crc, delay, keys) for s in queue.segments]
+
+
+def scan_commitlog(config: StoreConfig, *, check_crc: bool = True, keys: bool = True,
+                   processes: int | None = None, progress: Progress | None = None,
+                   queue: SegmentQueue | None = None) -> StoreScan:
+    """Dispatch data of every CommitLog segment (segments in parallel), merged in order."""
+    own = queue is None
+    queue = queue or SegmentQueue(config.commit_log_dirs, config.mapped_file_size_commit_log,
+                                  kind="commitlog")
+    try:
+        jobs = _jobs(queue, check_crc, config.delay_millis, keys)
+        total = sum(j[2] for j in jobs)
+        workers = processes if processes is not None else (os.cpu_count() or 1)
+        parts = []
+        done = 0
+        if workers > 1 and len(jobs) > 1 and total >= PARALLEL_MIN_BYTES:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            with ProcessPoolExecutor(min(workers, len(jobs)),
+                                     mp_context=multiprocessing.get_context("fork")) as ex:
+                for j, part in zip(jobs, ex.map(_dispatch_job, jobs)):
+                    parts.append(part)
+                    done += j[2]
+                    if progress:
+                        progress(done, total)
+        else:
+            for j in jobs:
+                parts.append(_dispatch_job(j))
+                done += j[2]
+                if progress:
+                    progress(done, total)
+        return store_scan(parts, config.mapped_file_size_commit_log)
+    finally:
+        if own:
+            queue.close()
+
+
+def _dispatch_job(job):
+    return dispatch_file(*job)
+
+
+# --- what dispatch writes, as arrays ------------------------------------------------------
+
+
+@dataclass
+class Dispatched:
+    """Valid records' CQ units per queue and index puts, in CommitLog order."""
+
+    units: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    key_hash: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    key_offset: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    key_timestamp: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    messages: int = 0
+    bytes: int = 0
+    last_cq_timestamp: int = 0  # store time of the last record given a CQ unit (§8.1)
+
+
+def dispatched(scan: StoreScan, from_offset: int = 0) -> Dispatched:
+    """Group the scan's valid records into per-queue units and index puts (spec §6.1, §7.3)."""
+    out = Dispatched()
+    topic_ids: dict[str, int] = {}
+    rec_parts, key_parts = [], []
+    for p, k in zip(scan.parts, scan.kept):
+        if not k:
+            continue
+        gid = np.array([topic_ids.setdefault(t, len(topic_ids)) for t in p.topics] or [0], np.int64)
+        sel = np.flatnonzero(p.offset[:k] >= from_offset)
+        if not len(sel):
+            continue
+        tid = gid[p.topic_id[sel]]
+        rec_parts.append((tid, p.queue_id[sel], p.queue_offset[sel], p.physical_offset[sel],
+                          p.size[sel], p.tags_code[sel], p.cq_mask[sel], p.store_timestamp[sel]))
+        km = p.key_record < k
+        kr, kh = p.key_record[km], p.key_hash[km]
+        kk = p.offset[kr] >= from_offset
+        kr, kh = kr[kk], kh[kk]
+        # Index entries use the stored PHYSICALOFFSET and STORETIMESTAMP (spec §7.3).
+        key_parts.append((kh, p.physical_offset[kr], p.store_timestamp[kr]))
+        out.messages += len(sel)
+        out.bytes += int(p.size[sel].sum())
+    if rec_parts:
+        tid, qid, qo, phy, size, tags, cq, ts = (np.concatenate(c) for c in zip(*rec_parts))
+        ts_cq = ts[cq]
+        out.last_cq_timestamp = int(ts_cq[-1]) if len(ts_cq) else 0
+        tid, qid, qo, phy, size, tags = tid[cq], qid[cq], qo[cq], phy[cq], size[cq], tags[cq]
+        if len(tid):
+            qmin = int(qid.min())
+            span = int(qid.max()) - qmin + 1
+            key = tid * span + (qid - qmin)
+            order = np.argsort(key, kind="stable")  # per queue, CommitLog order kept
+            ks = key[order]
+            cuts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1], True])
+            by_id = {v: t for t, v in topic_ids.items()}
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                sel = order[a:b]
+                t, q = divmod(int(ks[a]), span)
+                out.units[by_id[t], q + qmin] = (qo[sel], phy[sel], size[sel], tags[sel])
+    if key_parts:
+        out.key_hash, out.key_offset, out.key_timestamp = (np.concatenate(c) for c in zip(*key_parts))
+    return out
+
+
+# --- writing ----------------------------------------------------------------------------
+
+
+def write_consume_queues(cq_dir: Path, d: Dispatched, file_size: int, *, fsync: bool = True) -> int:
+    """One directory per queue under ``cq_dir``, built in bulk; returns units written."""
+    n = 0
+    for (topic, qid), (qo, phy, size, tags) in sorted(d.units.items()):
+        n += build_consume_queue(cq_dir / topic / str(qid), qo, phy, size, tags, file_size,
+                                 fsync=fsync)
+    return n
+
+
+@dataclass
+class RebuildResult:
+    messages: int
+    bytes: int
+    units: int
+    index_entries: int
+    end: int  # CommitLog end of valid data the rebuild stopped at
+    index_files: list[str]
+    seconds: float
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False if unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    AT_FDCWD, RENAME_EXCHANGE = -100, 2
+    rc = fn(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE)
+    return rc == 0
+
+
+def swap_in(new: Path, target: Path, old: Path) -> None:
+    """Put directory ``new`` at ``target``; the previous ``target`` ends up at ``old``."""
+    if target.exists():
+        if not _exchange(new, target):
+            os.rename(target, old)  # fallback: a short window with no ``target``
+            os.rename(new, target)
+            return
+        os.rename(new, old)  # ``new`` now holds the old files
+    else:
+        os.rename(new, target)
+
+
+def _fsync_dir(p: Path) -> None:
+    try:
+        fd = os.open(p, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool = True,
+            from_offset: int | None = None, config: StoreConfig | None = None,
+            processes: int | None = None, progress: Progress | None = None,
+            clock=None, fsync: bool = True) -> RebuildResult:
+    """Re-dispatch ConsumeQueue and/or IndexFile from the CommitLog and swap them in.
+
+    Takes the store lock (:class:`~rmqstore.errors.StoreLockedError` while a broker runs).
+    """
+    root = Path(root)
+    if not (root / "commitlog").is_dir() and config is None:
+        raise NotAStoreError("not a RocketMQ store root (no commitlog/)", root)
+    cfg = config or load_config(root)
+    t0 = time.perf_counter()
+    with ckpt.hold_lock(root):
+        scan = scan_commitlog(cfg, processes=processes, progress=progress)
+        start = from_offset or 0
+        d = dispatched(scan, start)
+        d_index = d
+        if index and start:
+            d_index = dispatched(scan, _kept_index_end(root, cfg, start))
+        scratch = root / f"{SCRATCH_PREFIX}{os.getpid()}"
+        if scratch.exists():
+            shutil.rmtree(scratch)
+        scratch.mkdir()
+        units = entries = 0
+        names: list[str] = []
+        try:
+            if consume_queue:
+                units = _rebuild_cq(root, scratch, d, cfg, start, fsync)
+            if index and cfg.message_index_enable:
+                entries, names = _rebuild_index(root, scratch, d_index, cfg, start, clock, fsync)
+            _update_checkpoint(root, cfg, d, consume_queue and not start)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return RebuildResult(d.messages, d.bytes, units, entries, scan.end, names,
+                         time.perf_counter() - t0)
+
+
+def _rebuild_cq(root: Path, scratch: Path, d: Dispatched, cfg: StoreConfig, start: int,
+                fsync: bool) -> int:
+    new = scratch / "consumequeue"
+    new.mkdir()
+    if start:
+        # Keep units before ``start`` (truncateDirtyLogicFiles, §10.4), then append.
+        old = root / "consumequeue"
+        for ref in list_queues(root).queues:
+            dst = new / ref.topic / str(ref.queue_id)
+            shutil.copytree(ref.path, dst)
+            _cut_queue(dst, cfg.cq_file_size, start)
+        n = 0
+        for (topic, qid), (qo, phy, size, tags) in sorted(d.units.items()):
+            with ConsumeQueueWriter(new / topic / str(qid), cfg.cq_file_size) as w:
+                n += w.put_many(qo, phy, size, tags)
+                if fsync:
+                    w.flush()
+        del old
+    else:
+        n = write_consume_queues(new, d, cfg.cq_file_size, fsync=fsync)
+    _fsync_dir(new)
+    swap_in(new, root / "consumequeue", scratch / "consumequeue.old")
+    _fsync_dir(root)
+    return n
+
+
+def _cut_queue(qdir: Path, file_size: int, phy: int) -> None:
+    """Zero every unit from the first one pointing at or past ``phy`` (dropping whole
+    segments that start there), so the queue's end of data is before ``phy``."""
+    with ConsumeQueue(qdir, file_size) as cq:
+        units = cq.units
+        cut = np.flatnonzero((units["commit_log_offset"] >= phy)
+                             & (units["size"] != L.CQ_PLACEHOLDER_SIZE))
+        first_q = cq.base_offset + int(cut[0]) if len(cut) else None
+    if first_q is None:
+        return
+    byte = first_q * UNIT
+    for p in sorted(qdir.iterdir()):
+        s = int(p.name)
+        if s >= byte:
+            p.unlink()
+        elif s + file_size > byte:
+            with open(p, "r+b") as f:
+                f.seek(byte - s)
+                f.write(b"\0" * (s + file_size - byte))
+
+
+def _rebuild_index(root: Path, scratch: Path, d: Dispatched, cfg: StoreConfig, start: int,
+                   clock, fsync: bool) -> tuple[int, list[str]]:
+    geometry = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
+    new = scratch / "index"
+    new.mkdir()
+    h, phy, ts = d.key_hash, d.key_offset, d.key_timestamp
+    if start:
+        for p in _kept_index_files(root, geometry, start):
+            shutil.copy2(p, new / p.name)
+    with IndexService(new, geometry, clock=clock, flush_full_files=False) as svc:
+        svc.put_hashes(h, phy, ts, skip_stale=bool(start))
+        if fsync:
+            svc.flush()
+        names = [f.path.name for f in svc.files]
+        n = sum(max(f.header.index_count - 1, 0) for f in svc.files)
+    _fsync_dir(new)
+    swap_in(new, root / "index", scratch / "index.old")
+    _fsync_dir(root)
+    return n, names
+
+
+def _kept_index_files(root: Path, geometry: IndexGeometry, start: int) -> list[Path]:
+    """Index files, oldest first, up to the first one that reaches ``start``."""
+    out = []
+    d = root / "index"
+    for p in _list_index_files(d) if d.is_dir() else []:
+        f = IndexFile(p, geometry)
+        end = f.header.end_phy_offset
+        f.close()
+        if end >= start:
+            break
+        out.append(p)
+    return out
+
+
+def _kept_index_end(root: Path, cfg: StoreConfig, start: int) -> int:
+    """Where index re-dispatch starts for ``from_offset=start``: the end of the last kept
+    file (its last record is indexed again, as the broker's re-dispatch does, §14.7)."""
+    g = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
+    kept = _kept_index_files(root, g, start)
+    if not kept:
+        return 0
+    f = IndexFile(kept[-1], g)
+    end = f.header.end_phy_offset
+    f.close()
+    return end
+
+
+def _update_checkpoint(root: Path, cfg: StoreConfig, d: Dispatched, cq_full: bool) -> None:
+    """logicsMsgTimestamp follows the last CQ write; indexMsgTimestamp the last full
+    index file (spec §8.1). Other fields are kept."""
+    path = root / ckpt.CHECKPOINT
+    cp = ckpt.read_checkpoint(path) if path.exists() else ckpt.Checkpoint()
+    if cq_full and d.last_cq_timestamp:
+        cp.logics_msg_timestamp = d.last_cq_timestamp
+    elif d.last_cq_timestamp:
+        cp.logics_msg_timestamp = max(cp.logics_msg_timestamp, d.last_cq_timestamp)
+    full_end = last_full_index_timestamp(root / "index", IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num))
+    if full_end is not None:
+        cp.index_msg_timestamp = full_end
+    ckpt.write_checkpoint(root, cp, version="4.9" if cfg.broker_version == "4.9" else "5.x")
+
+
+def last_full_index_timestamp(index_dir: Path, geometry: IndexGeometry) -> int | None:
+    """endTimestamp of the newest write-full index file, or None when none is full."""
+    out = None
+    for p in _list_index_files(index_dir) if index_dir.is_dir() else []:
+        try:
+            f = IndexFile(p, geometry)
+        except Exception:  # noqa: BLE001 - a broken file is verify's business, not ours
+            continue
+        if f.is_write_full:
+            out = f.header.end_timestamp
+        f.close()
+    return out

@@ -1,0 +1,379 @@
+"""Dispatch computed in bulk: what the broker's reput (spec §9) derives from each record,
+for a whole segment at once, with numpy over the segment's bytes.
+
+For the records of one segment, :func:`segment_dispatch` gives per record the fixed
+fields dispatch uses, the ConsumeQueue tagsCode (§6.1: Java hash of ``TAGS``, or the
+delivery time for the delay topic) and the IndexFile key hashes in put order (§7.3:
+``topic#UNIQ_KEY`` then ``topic#token`` per KEYS token; ROLLBACK records get none).
+
+Properties are never decoded per record. Separators (``0x02``) are found with one
+vectorised pass, property segments whose name is ``TAGS``/``KEYS``/``UNIQ_KEY``/``DELAY``
+are matched byte-wise, and Java's ``String.hashCode`` runs over the value bytes column by
+column. Only values with non-ASCII bytes (UTF-16 units differ from bytes) and delay-topic
+records take a per-record Python path; both are rare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import layout as L
+from .codec import SCHEDULE_TOPIC, java_hash, parse_delay_levels, tags_code
+from .scan import RecordColumns, columns, consistent, walk_chain
+
+_CHUNK = 64 * 1024 * 1024  # bytes compared at a time when looking for separators
+_FAST_MAX = 96  # values up to this many bytes are hashed vectorised
+
+
+# --- property lookup (spec §3.4) -----------------------------------------------------------
+
+
+def property_segments(u8: np.ndarray, props_pos: np.ndarray, props_len: np.ndarray):
+    """(segment start, segment end, record index) of every ``0x02``-separated property
+    segment of every record, in byte order."""
+    has = props_len > 0
+    if not has.any():
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    end = props_pos + props_len
+    lo, hi = int(props_pos[has][0]), int(end[has][-1])
+    seps = []
+    for a in range(lo, hi, _CHUNK):
+        b = min(hi, a + _CHUNK)
+        seps.append(np.flatnonzero(u8[a:b] == 2) + a)
+    sep = np.concatenate(seps) if seps else np.zeros(0, np.int64)
+    rec = np.searchsorted(props_pos, sep, side="right") - 1
+    inside = (rec >= 0) & (sep < end[np.maximum(rec, 0)])
+    sep, rec = sep[inside], rec[inside]
+    rec_has = np.flatnonzero(has)
+    starts = np.concatenate([props_pos[rec_has], sep + 1])
+    owner = np.concatenate([rec_has, rec])
+    order = np.argsort(starts, kind="stable")
+    starts, owner = starts[order], owner[order]
+    bounds = np.sort(np.concatenate([sep, end[rec_has]]))
+    ends = bounds[np.searchsorted(bounds, starts, side="left")]
+    return starts, ends, owner
+
+
+def lookup(u8: np.ndarray, segs, n: int, name: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(value start, value length) of property ``name`` per record; start -1 when absent.
+
+    A segment counts when its text before the first ``0x01`` is ``name`` and the value is
+    not empty; when a name repeats, the later value wins (spec §3.4)."""
+    starts, ends, owner = segs
+    m = len(name)
+    cand = np.flatnonzero(ends - starts >= m + 2)
+    for k, byte in enumerate(name + b"\x01"):
+        if not len(cand):
+            break
+        cand = cand[u8[starts[cand] + k] == byte]
+    vpos = np.full(n, -1, np.int64)
+    vlen = np.zeros(n, np.int64)
+    if len(cand):
+        rec = owner[cand]
+        last = np.ones(len(cand), bool)
+        last[:-1] = rec[1:] != rec[:-1]  # segments are in byte order: the last one wins
+        cand, rec = cand[last], rec[last]
+        vpos[rec] = starts[cand] + m + 1
+        vlen[rec] = ends[cand] - vpos[rec]
+    return vpos, vlen
+
+
+# --- Java String.hashCode over byte spans (spec §0) ----------------------------------------
+
+
+def _pow31(n: int) -> np.ndarray:
+    p, v = np.ones(n + 1, np.uint32), 1
+    for k in range(1, n + 1):
+        v = v * 31 & 0xFFFFFFFF
+        p[k] = v
+    return p
+
+
+def span_hash(u8: np.ndarray, pos: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """Java hash (as uint32) of each byte span read as text, and its UTF-16 length.
+
+    ASCII spans up to ``_FAST_MAX`` bytes are hashed column by column; others are decoded
+    (UTF-8, malformed input replaced, as the broker decodes) and hashed in Python."""
+    n = len(pos)
+    h = np.zeros(n, np.uint32)
+    units = length.astype(np.int64).copy()
+    if n == 0:
+        return h, units
+    order = np.argsort(-length, kind="stable")
+    lens = length[order]
+    fast_n = int(np.searchsorted(-lens, -_FAST_MAX, side="left"))  # first with len <= MAX
+    slow = list(order[:fast_n])
+    idx = order[fast_n:]
+    p = pos[idx]
+    hh = np.zeros(len(idx), np.uint32)
+    high = np.zeros(len(idx), bool)
+    lens = lens[fast_n:]
+    maxlen = int(lens[0]) if len(lens) else 0
+    for j in range(maxlen):
+        k = int(np.searchsorted(-lens, -j, side="left"))  # spans longer than j: a prefix
+        b = u8[p[:k] + j]
+        hh[:k] = hh[:k] * np.uint32(31) + b
+        high[:k] |= b >= 0x80
+    h[idx] = hh
+    slow.extend(idx[high].tolist())
+    for i in slow:
+        s = u8[int(pos[i]):int(pos[i] + length[i])].tobytes().decode("utf-8", "replace")
+        h[i] = java_hash(s) & 0xFFFFFFFF
+        units[i] = len(s.encode("utf-16-be", "surrogatepass")) // 2
+    return h, units
+
+
+def _signed(h: np.ndarray) -> np.ndarray:
+    return h.astype(np.uint32).view(np.int32).astype(np.int64)
+
+
+def index_hash_from(topic_hash: np.ndarray, key_hash: np.ndarray, key_units: np.ndarray) -> np.ndarray:
+    """IndexFile hash of ``topic + "#" + key`` from the parts' Java hashes (spec §7.2):
+    hash(a + b) = hash(a) * 31^len(b) + hash(b), all mod 2^32."""
+    maxu = int(key_units.max()) if len(key_units) else 0
+    pw = _pow31(maxu + 1)
+    prefix = (topic_hash.astype(np.uint32) * np.uint32(31) + np.uint32(ord("#"))).astype(np.uint32)
+    h = (prefix * pw[key_units] + key_hash.astype(np.uint32)).astype(np.uint32)
+    s = h.view(np.int32).astype(np.int64)
+    s = np.abs(s)
+    s[s == 2**31] = 0  # Math.abs(MIN_VALUE) stays negative; the broker maps it to 0
+    return s
+
+
+# --- one segment -----------------------------------------------------------------------
+
+
+@dataclass
+class SegmentDispatch:
+    """A segment's records as dispatch sees them, and how its valid chain ends."""
+
+    start: int  # segment start offset
+    limit: int  # readable bytes
+    chain_end: int  # absolute offset where the TOTALSIZE chain stopped
+    stop: str  # blank | end | zeros | bad magic | bad size | short (walk_chain reasons)
+    offset: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    size: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    consistent: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # §3.9 size rule
+    crc_ok: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    queue_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    queue_offset: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    physical_offset: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    sys_flag: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    store_timestamp: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    topics: list = field(default_factory=list)
+    topic_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    tags_code: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    key_record: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # record index
+    key_hash: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def __len__(self) -> int:
+        return len(self.offset)
+
+    @property
+    def cq_mask(self) -> np.ndarray:
+        """Records that get a ConsumeQueue unit: NOT_TYPE and COMMIT (spec §6.1)."""
+        tx = self.sys_flag & L.SYSFLAG_TRANSACTION_MASK
+        return (tx == L.TRANSACTION_NOT_TYPE) | (tx == L.TRANSACTION_COMMIT)
+
+
+def dispatch_records(cols: RecordColumns, delay_millis=None, *, keys: bool = True):
+    """(topics, topic ids, tagsCode, key record index, key hash) for ``cols``."""
+    n = len(cols)
+    z = np.zeros(0, np.int64)
+    if n == 0:
+        return [], z, z, z, z
+    u8 = cols.u8
+    names, tid = cols.topic_table()
+    segs = property_segments(u8, cols.props_pos, cols.props_len)
+    tpos, tlen = lookup(u8, segs, n, b"TAGS")
+    has = tpos >= 0
+    code = np.zeros(n, np.int64)
+    if has.any():
+        h, _ = span_hash(u8, tpos[has], tlen[has])
+        code[has] = _signed(h)
+    if SCHEDULE_TOPIC in names:
+        # Delivery time instead of the tag hash (spec §6.1); rare, so per record.
+        delay = delay_millis if delay_millis is not None else parse_delay_levels()
+        dpos, dlen = lookup(u8, segs, n, b"DELAY")
+        sched = np.flatnonzero((tid == names.index(SCHEDULE_TOPIC)) & (dpos >= 0))
+        ts = cols.store_timestamp
+        for i in sched.tolist():
+            props = {"DELAY": u8[dpos[i]:dpos[i] + dlen[i]].tobytes().decode("utf-8", "replace")}
+            if has[i]:
+                props["TAGS"] = u8[tpos[i]:tpos[i] + tlen[i]].tobytes().decode("utf-8", "replace")
+            code[i] = tags_code(SCHEDULE_TOPIC, props, int(ts[i]), delay)
+    if not keys:
+        return names, tid, code, z, z
+    key_rec, key_hash = index_keys(cols, u8, segs, names, tid)
+    return names, tid, code, key_rec, key_hash
+
+
+def index_keys(cols: RecordColumns, u8, segs, names, tid):
+    """(record index, index hash) of every IndexFile put, in put order (spec §7.3)."""
+    n = len(cols)
+    upos, ulen = lookup(u8, segs, n, b"UNIQ_KEY")
+    kpos, klen = lookup(u8, segs, n, b"KEYS")
+    rollback = (cols.sys_flag & L.SYSFLAG_TRANSACTION_MASK) == L.TRANSACTION_ROLLBACK
+    # KEYS tokens: split the value on single spaces, dropping empty tokens.
+    kr = np.flatnonzero((kpos >= 0) & ~rollback)
+    tok_pos = tok_len = tok_rec = np.zeros(0, np.int64)
+    if len(kr):
+        total = int(klen[kr].sum())
+        base = np.repeat(kpos[kr] - np.concatenate(([0], np.cumsum(klen[kr])[:-1])), klen[kr])
+        flat_pos = base + np.arange(total)
+        owner = np.repeat(kr, klen[kr])
+        sp = u8[flat_pos] == 0x20
+        # token boundaries: value starts, positions after a space
+        starts_flag = np.ones(total, bool)
+        starts_flag[1:] = (owner[1:] != owner[:-1]) | sp[:-1]
+        starts_flag &= ~sp
+        st = np.flatnonzero(starts_flag)
+        # token end: next space or value end
+        brk = np.flatnonzero(sp | np.r_[owner[1:] != owner[:-1], True])
+        en = brk[np.searchsorted(brk, st, side="left")]
+        en = np.where(sp[en], en, en + 1)
+        tok_pos, tok_len, tok_rec = flat_pos[st], en - st, owner[st]
+    ur = np.flatnonzero((upos >= 0) & ~rollback)
+    rec = np.concatenate([ur, tok_rec])
+    kpos_all = np.concatenate([upos[ur], tok_pos])
+    klen_all = np.concatenate([ulen[ur], tok_len])
+    sub = np.concatenate([np.zeros(len(ur), np.int64), np.arange(1, len(tok_rec) + 1)])
+    order = np.lexsort((sub, rec))
+    rec, kpos_all, klen_all = rec[order], kpos_all[order], klen_all[order]
+    if not len(rec):
+        return rec, np.zeros(0, np.int64)
+    kh, units = span_hash(u8, kpos_all, klen_all)
+    th = np.array([java_hash(t) & 0xFFFFFFFF for t in names], np.uint32)
+    return rec, index_hash_from(th[tid[rec]], kh, units)
+
+
+def scan_segment(buf, start: int, limit: int, *, check_crc: bool = True) -> tuple[RecordColumns, int, str]:
+    """Records on the TOTALSIZE chain of one segment (magic and size sane), unfiltered."""
+    u8 = np.frombuffer(buf, dtype=np.uint8, count=limit) if limit else np.zeros(0, np.uint8)
+    starts, stop_pos, stop = walk_chain(buf, 0, limit)
+    return columns(u8, starts, start), start + stop_pos, stop
+
+
+def segment_dispatch(buf, start: int, limit: int, *, check_crc: bool = True,
+                     delay_millis=None, keys: bool = True) -> SegmentDispatch:
+    """Everything dispatch and verify need from one segment's bytes."""
+    cols, chain_end, stop = scan_segment(buf, start, limit)
+    out = SegmentDispatch(start, limit, chain_end, stop)
+    n = len(cols)
+    if n == 0:
+        return out
+    ok = consistent(cols)
+    out.consistent = ok
+    # Records after the first inconsistent one are not trusted for anything else.
+    good = int(np.argmin(ok)) if not ok.all() else n
+    out.crc_ok = np.ones(n, bool)
+    if check_crc and good:
+        out.crc_ok[:good] = cols.take(slice(0, good)).crc_ok()
+    out.offset = cols.offset
+    out.size = cols.size.astype(np.int64)
+    for name in ("queue_id", "queue_offset", "physical_offset", "sys_flag", "store_timestamp"):
+        setattr(out, name, getattr(cols, name))
+    sub = cols.take(slice(0, good))
+    names, tid, code, krec, khash = dispatch_records(sub, delay_millis, keys=keys)
+    out.topics = names
+    out.topic_id = np.concatenate([tid, np.full(n - good, -1, np.int64)]) if good < n else tid
+    out.tags_code = np.concatenate([code, np.zeros(n - good, np.int64)]) if good < n else code
+    out.key_record, out.key_hash = krec, khash
+    return out
+
+
+def dispatch_file(path: str, start: int, limit: int, check_crc: bool = True,
+                  delay_millis=None, keys: bool = True) -> SegmentDispatch:
+    """:func:`segment_dispatch` of a segment file, opened read-only (a worker's task)."""
+    import mmap
+    import os
+
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        limit = min(limit, size)
+        if limit <= 0:
+            return SegmentDispatch(start, 0, start, "zeros")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            return segment_dispatch(mm, start, limit, check_crc=check_crc,
+                                    delay_millis=delay_millis, keys=keys)
+        finally:
+            try:
+                mm.close()
+            except BufferError:
+                pass  # numpy views are gone with the result; the map closes with them
+
+
+# --- the whole CommitLog ------------------------------------------------------------------
+
+
+@dataclass
+class StoreScan:
+    """Every segment's dispatch data, and where valid data ends for the whole log.
+
+    ``kept[i]`` is how many leading records of ``parts[i]`` are valid. Valid means on the
+    TOTALSIZE chain from the first segment, passing the §3.9 size rule, and not part of a
+    trailing run of records whose body fails its CRC (a torn tail, spec §10.5). A record
+    whose body fails its CRC but is followed by valid records stays (``damaged``): the
+    broker's recovery would cut the log there and lose everything after it.
+    """
+
+    parts: list[SegmentDispatch]
+    kept: list[int]
+    end: int  # first byte after valid data
+    end_segment: int  # index of the segment holding ``end`` (-1: no segments)
+    reason: str  # why valid data stops: blank/end (the last segment), zeros, torn, gap, ...
+    damaged: list[int]  # offsets of kept records whose body fails its CRC
+
+    def records(self, field_name: str) -> np.ndarray:
+        arrs = [getattr(p, field_name)[:k] for p, k in zip(self.parts, self.kept)]
+        return np.concatenate(arrs) if arrs else np.zeros(0, np.int64)
+
+    @property
+    def count(self) -> int:
+        return sum(self.kept)
+
+
+def store_scan(parts: list[SegmentDispatch], segment_size: int) -> StoreScan:
+    """Walk the per-segment results in order, as recovery's shared scan does (§10.1)."""
+    kept = [0] * len(parts)
+    damaged: list[int] = []
+    if not parts:
+        return StoreScan(parts, kept, 0, -1, "no segments", damaged)
+    end, end_seg, reason = parts[0].start, 0, ""
+    for i, p in enumerate(parts):
+        if i and p.start != parts[i - 1].start + segment_size:
+            reason = "gap"
+            break
+        n = len(p)
+        good = int(np.argmin(p.consistent)) if n and not p.consistent.all() else n
+        bad_crc = np.flatnonzero(~p.crc_ok[:good])
+        full = p.stop in ("blank", "end") and good == n and p.limit == segment_size
+        if not full and len(bad_crc):
+            # A run of CRC failures right before the end of the chain is a torn tail.
+            k = good
+            while k > 0 and not p.crc_ok[k - 1]:
+                k -= 1
+            if k < good:
+                good = k
+                bad_crc = bad_crc[bad_crc < good]
+                reason = "torn"
+        damaged.extend(p.offset[bad_crc].tolist())
+        kept[i] = good
+        end_seg = i
+        if good < n:
+            end = int(p.offset[good])
+            reason = reason or "torn"
+            break
+        if full:
+            end = p.start + segment_size if p.stop == "blank" else p.chain_end
+            reason = p.stop
+            continue
+        end = int(p.offset[good - 1] + p.size[good - 1]) if good else p.start
+        if reason != "torn":
+            reason = p.stop if p.limit == segment_size else "short file"
+        break
+    return StoreScan(parts, kept, end, end_seg, reason, damaged)
