@@ -69,10 +69,10 @@ def classify(path: str | os.PathLike) -> PathKind:
 class StoreReader:
     """A read-only store: CommitLog, and (when present) ConsumeQueues and IndexFiles."""
 
-    def __init__(self, config: StoreConfig):
+    def __init__(self, config: StoreConfig, commitlog: CommitLog | None = None):
         self.config = config
         self.root = config.root
-        self.commitlog = CommitLog(config)
+        self.commitlog = commitlog or CommitLog(config)
 
     def close(self) -> None:
         self.commitlog.close()
@@ -230,17 +230,14 @@ def open_segment_file(path: str | os.PathLike, conf=None, **overrides) -> StoreR
     """A reader over one loose CommitLog segment file (its name gives its start offset)."""
     p = Path(path)
     size = p.stat().st_size
-    cfg = load_config(None, conf, {"mapped_file_size_commit_log": size or 1, **overrides}, infer=False)
+    cfg = load_config(None, conf, {"mapped_file_size_commit_log": size or 1,
+                                   "store_path_root_dir": str(p.parent), **overrides}, infer=False)
     from .segments import SegmentQueue
 
     q = SegmentQueue([p.parent], cfg.mapped_file_size_commit_log, kind="commitlog")
     q.segments = [s for s in q.segments if s.path.name == p.name]
     q.problems = [x for x in q.problems if Path(x.path).name == p.name]
-    reader = StoreReader.__new__(StoreReader)
-    reader.config = cfg
-    reader.root = p.parent
-    reader.commitlog = CommitLog(cfg, queue=q)
-    return reader
+    return StoreReader(cfg, CommitLog(cfg, queue=q))
 
 
 __all__ = ["PathKind", "StoreReader", "classify", "open_store", "open_segment_file",
