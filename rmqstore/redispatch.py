@@ -345,6 +345,7 @@ def store_scan(parts: list[SegmentDispatch], segment_size: int) -> StoreScan:
         return StoreScan(parts, kept, 0, -1, "no segments", damaged)
     end, end_seg, reason = parts[0].start, 0, ""
     for i, p in enumerate(parts):
+        reason = ""
         if i and p.start != parts[i - 1].start + segment_size:
             reason = "gap"
             break
