@@ -56,7 +56,8 @@ def index_files_deleted(root: Path, cfg, cp) -> list[str]:
 def check_state(c, root: Path, cfg, queue, scan, d, cp, abort: bool):
     from .verify import Forecast
 
-    if ckpt.is_locked(root):
+    # Our own lock (repair plans under it) is not a broker's.
+    if not ckpt._held_here(root / ckpt.LOCK) and ckpt.is_locked(root):
         c.add("store-locked", root / ckpt.LOCK, None,
               "another process holds the store lock (a running broker?): files may change while "
               "they are read, and repair/rebuild will refuse to run")

@@ -1,0 +1,396 @@
+"""Repair: what a broker's recovery would do (spec §10), as an explicit plan, then done
+offline with a backup of every byte changed.
+
+``plan_repair(root)`` runs :func:`rmqstore.verify.verify` and turns its problems into
+:class:`Step` objects (data; ``rmqstore repair --dry-run`` prints them). ``repair(root)``
+executes the plan under the store lock (:class:`~rmqstore.errors.StoreLockedError`
+while a broker holds it), after creating ``abort`` so that a crash mid-repair makes the
+next broker start run its own full recovery (§8.2):
+
+1. leftovers of an interrupted rebuild and stray files are moved to the backup;
+2. CommitLog: a record inside the log whose body fails its CRC gets its BODYCRC rewritten
+   (the broker would otherwise cut the log there and drop every later message); the
+   segment holding the end of valid data is extended to full size if truncated and its
+   bytes after the end are zeroed; later segments are moved to the backup (§10.4);
+3. ConsumeQueue: units at or past the CommitLog end are cut, a queue with holes, wrong or
+   duplicate units is rebuilt from the CommitLog, and units missing at the tail are
+   dispatched with the broker's write rules (§6.1);
+4. IndexFile: files the broker's abnormal start deletes (newer than the checkpoint's
+   indexMsgTimestamp, §7.5) and files with broken chains or entries past the end are
+   moved to the backup, with every later file; keys are re-dispatched from the end of the
+   last file kept (the broker's ``offset < endPhyOffset`` rule, §7.3);
+5. checkpoint rewritten to agree with the data; ``abort`` removed.
+
+Nothing verify calls valid is dropped; a second run finds nothing to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import checkpoint as ckpt
+from . import layout as L
+from .config import StoreConfig, load_config
+from .consumequeue import ConsumeQueue, ConsumeQueueWriter
+from .index import IndexGeometry, IndexService, _list_index_files
+from .verify import VerifyReport, verify
+
+_QUEUE_REBUILD = {"cq-hole", "cq-mismatch", "cq-bad-pointer", "cq-duplicate", "cq-missing",
+                  "cq-segment"}
+_INDEX_DROP = {"index-file", "index-header", "index-chain", "index-orphan", "index-beyond-end",
+               "index-bad-pointer", "index-gap"}
+
+
+@dataclass
+class Step:
+    """One explicit change. ``path`` is relative to the store; ``offset``/``length`` a byte
+    range in it when the step rewrites part of a file."""
+
+    action: str
+    path: str | None
+    explanation: str
+    offset: int | None = None
+    length: int | None = None
+    data: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(d.pop("data"))
+        return d
+
+
+@dataclass
+class RepairPlan:
+    store: str
+    steps: list[Step]
+    report: VerifyReport
+    unfixed: list = field(default_factory=list)  # problems no step addresses (with why)
+
+
+@dataclass
+class RepairResult:
+    plan: RepairPlan
+    executed: bool
+    backup_dir: str | None
+    seconds: float
+
+
+def default_backup_dir(root: Path) -> Path:
+    """``{store}.rmqstore-backup-<timestamp>``, beside (outside) the store."""
+    root = Path(root).resolve()
+    return root.parent / f"{root.name}.rmqstore-backup-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+# --- planning ----------------------------------------------------------------------------
+
+
+def plan_repair(root: str | os.PathLike, *, config: StoreConfig | None = None,
+                report: VerifyReport | None = None, processes: int | None = None) -> RepairPlan:
+    """The steps :func:`repair` would take, from a fresh verify unless one is given."""
+    root = Path(root)
+    cfg = config or load_config(root)
+    rep = report or verify(root, config=cfg, processes=processes)
+    steps: list[Step] = []
+    unfixed = []
+    by_code: dict[str, list] = {}
+    for f in rep.findings:
+        by_code.setdefault(f.code, []).append(f)
+    for f in by_code.get("rebuild-leftover", []):
+        steps.append(Step("remove-leftover", f.file, "scratch directory of an interrupted "
+                          "rebuild; moved to the backup"))
+    for f in by_code.get("stray-file", []):
+        steps.append(Step("move-stray", f.file, "not a store file where the broker expects "
+                          "only its own; moved to the backup"))
+    steps += _commitlog_steps(root, cfg, rep, by_code)
+    steps += _cq_steps(rep, by_code)
+    idx_steps = _index_steps(root, cfg, rep, by_code)
+    steps += idx_steps
+    touched = bool(steps)
+    if touched or "checkpoint" in by_code or "abort-present" in by_code:
+        steps.append(Step("write-checkpoint", ckpt.CHECKPOINT,
+                          "logicsMsgTimestamp = the last message with a ConsumeQueue unit, "
+                          "physicMsgTimestamp no later than the newest record, "
+                          "indexMsgTimestamp = the last full IndexFile's endTimestamp (§8.1)"))
+    if "abort-present" in by_code:
+        steps.append(Step("remove-abort", ckpt.ABORT, "the store is consistent again: the next "
+                          "broker start runs normal recovery (§8.2)"))
+    for f in rep.problems:
+        if f.code in ("record-physical-offset", "cq-tags-mismatch", "store-locked"):
+            why = {"record-physical-offset": "stale or copied records are kept as they are",
+                   "cq-tags-mismatch": "a broker's recovery keeps existing units; "
+                   "`rmqstore rebuild --consumequeue` rewrites them from the records",
+                   "store-locked": "repair refuses to run while the lock is held"}[f.code]
+            unfixed.append((f, why))
+    return RepairPlan(str(root), steps, rep, unfixed)
+
+
+def _commitlog_steps(root: Path, cfg, rep: VerifyReport, by_code) -> list[Step]:
+    steps = []
+    size = cfg.mapped_file_size_commit_log
+    for f in by_code.get("record-body-crc", []):
+        steps.append(Step("fix-body-crc", f.file, "body fails its CRC inside the log: rewrite "
+                          "BODYCRC to match the damaged body, so a broker keeps every later "
+                          "message (this message's body stays damaged)", f.offset + 8, 4,
+                          {"commitLogOffset": f.data.get("commitLogOffset")}))
+    for f in by_code.get("commitlog-segment", []):
+        if f.offset is not None and f.offset < size and rep.scan is not None:
+            p = root / f.file
+            if p.exists() and p.stat().st_size < size and int(p.name) <= rep.end < int(p.name) + size:
+                steps.append(Step("extend-segment", f.file, f"truncated segment: extend it with "
+                                  f"zeros to {size} bytes (the broker refuses other sizes)",
+                                  p.stat().st_size, size - p.stat().st_size))
+    for f in by_code.get("commitlog-tail", []):
+        steps.append(Step("zero-tail", f.file, f"zero the {f.data.get('kind')} after the end "
+                          f"of valid data ({rep.end}); the bytes are saved in the backup",
+                          f.offset, int(f.data.get("bytes", 0))))
+    for code in ("commitlog-preallocated", "commitlog-unreachable", "commitlog-gap"):
+        for f in by_code.get(code, []):
+            steps.append(Step("move-segment", f.file, "segment after the end of valid data: "
+                              "the broker deletes it (§10.4); moved to the backup"))
+    return steps
+
+
+def _cq_steps(rep: VerifyReport, by_code) -> list[Step]:
+    steps = []
+    rebuild = {}
+    for code in _QUEUE_REBUILD:
+        for f in by_code.get(code, []):
+            if f.file:
+                p = Path(f.file)
+                rebuild.setdefault(str(p.parent if len(p.name) == 20 and p.name.isdigit() else p), f)
+    for q in sorted(rebuild):
+        steps.append(Step("rebuild-queue", q, "units disagree with the CommitLog "
+                          f"({rebuild[q].code}): rebuild this queue from the records"))
+    for f in by_code.get("cq-beyond-end", []):
+        q = str(Path(f.file).parent)
+        if q not in rebuild:
+            steps.append(Step("cut-queue", q, f"cut {f.data.get('count')} unit(s) from queue "
+                              f"offset {f.data.get('queueOffset')}: they point at or past the "
+                              f"CommitLog end {rep.end} (truncateDirtyLogicFiles, §10.4)",
+                              data={"queueOffset": f.data.get("queueOffset")}))
+    for f in by_code.get("cq-missing-tail", []):
+        q = str(Path(f.file).parent)
+        if q not in rebuild:
+            steps.append(Step("dispatch-queue", q, f"dispatch {f.data.get('count')} missing "
+                              f"unit(s) from queue offset {f.data.get('queueOffset')} (§6.1 "
+                              "write rules)", data={"queueOffset": f.data.get("queueOffset")}))
+    return steps
+
+
+def _index_steps(root: Path, cfg, rep: VerifyReport, by_code) -> list[Step]:
+    if not cfg.message_index_enable:
+        return []
+    names = [p.name for p in _list_index_files(root / "index")] if (root / "index").is_dir() else []
+    drop_from = len(names)
+    if rep.forecast and rep.forecast.index_files_deleted:
+        drop_from = min(drop_from, names.index(rep.forecast.index_files_deleted[0]))
+    for code in _INDEX_DROP:
+        for f in by_code.get(code, []):
+            n = Path(f.file).name if f.file else ""
+            if n in names:
+                drop_from = min(drop_from, names.index(n))
+    need = drop_from < len(names) or "index-behind" in by_code or "index-missing-keys" in by_code
+    if not need:
+        return []
+    steps = [Step("remove-index", f"index/{n}", "IndexFile the broker would delete or that "
+                  "holds bad entries (with every later file); moved to the backup")
+             for n in names[drop_from:]]
+    steps.append(Step("reindex", "index", "re-dispatch index keys from the end of the last "
+                      "IndexFile kept (records there are indexed again, like the broker, §14.7)"))
+    return steps
+
+
+# --- execution ---------------------------------------------------------------------------
+
+
+class _Backup:
+    """Saves what a step changes: whole small files, byte ranges of segments, moved files."""
+
+    def __init__(self, root: Path, where: Path | None):
+        self.root, self.dir = root, where
+        self.saved: list[dict] = []
+        self._copied: set[str] = set()
+        if where is not None:
+            where.mkdir(parents=True, exist_ok=False)
+
+    def _dst(self, rel: str) -> Path:
+        d = self.dir / rel
+        d.parent.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def move(self, rel: str) -> None:
+        src = self.root / rel
+        if not src.exists():
+            return
+        if self.dir is None:
+            shutil.rmtree(src) if src.is_dir() else src.unlink()
+            return
+        shutil.move(str(src), str(self._dst(rel)))
+        self.saved.append({"moved": rel})
+
+    def copy(self, rel: str) -> None:
+        if self.dir is None or rel in self._copied or not (self.root / rel).exists():
+            return
+        src = self.root / rel
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, self._dst(rel))
+        self._copied.add(rel)
+        self.saved.append({"copied": rel})
+
+    def range(self, rel: str, offset: int, length: int) -> None:
+        if self.dir is None or length <= 0:
+            return
+        with open(self.root / rel, "rb") as f:
+            f.seek(offset)
+            data = f.read(length)
+        name = f"{rel}.{offset}-{offset + len(data)}.bin"
+        self._dst(name).write_bytes(data)
+        self.saved.append({"range": rel, "offset": offset, "length": len(data), "saved": name})
+
+    def finish(self, plan: RepairPlan) -> None:
+        if self.dir is None:
+            return
+        doc = {"store": plan.store, "steps": [s.as_dict() for s in plan.steps],
+               "saved": self.saved,
+               "restore": "copy 'copied'/'moved' paths back; write each 'range' file at its offset"}
+        (self.dir / "manifest.json").write_text(json.dumps(doc, indent=2))
+
+
+def _pwrite(path: Path, data: bytes, offset: int) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, data, offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def repair(root: str | os.PathLike, *, dry_run: bool = False, backup_dir: str | os.PathLike | None = None,
+           backup: bool = True, config: StoreConfig | None = None, clock=None,
+           plan: RepairPlan | None = None, processes: int | None = None) -> RepairResult:
+    """Plan and (unless ``dry_run``) execute the repair of the store at ``root``."""
+    t0 = time.perf_counter()
+    root = Path(root)
+    cfg = config or load_config(root)
+    if dry_run:
+        plan = plan or plan_repair(root, config=cfg, processes=processes)
+        return RepairResult(plan, False, None, time.perf_counter() - t0)
+    with ckpt.hold_lock(root):
+        # Planned under the lock, so no broker can change the store in between.
+        plan = plan_repair(root, config=cfg, processes=processes)
+        if not plan.steps:
+            return RepairResult(plan, False, None, time.perf_counter() - t0)
+        where = (Path(backup_dir) if backup_dir else default_backup_dir(root)) if backup else None
+        b = _Backup(root, where)
+        had_abort = ckpt.abort_exists(root)
+        if not had_abort:
+            ckpt.create_abort(root)  # a crash mid-repair leaves the broker a full recovery
+        try:
+            _execute(root, cfg, plan, b, clock)
+        finally:
+            b.finish(plan)
+        ckpt.remove_abort(root)
+    return RepairResult(plan, True, str(where) if where else None, time.perf_counter() - t0)
+
+
+def _execute(root: Path, cfg, plan: RepairPlan, b: _Backup, clock) -> None:
+    from .rebuild import _cut_queue, dispatched
+
+    rep = plan.report
+    scan = rep.scan
+    d = dispatched(scan)
+    size = cfg.mapped_file_size_commit_log
+    for s in plan.steps:
+        p = root / s.path if s.path else None
+        if s.action in ("remove-leftover", "move-stray", "move-segment", "remove-index"):
+            b.move(s.path)
+        elif s.action == "fix-body-crc":
+            with open(p, "rb") as f:
+                f.seek(s.offset - 8)
+                head = f.read(L.RECORD_FIXED_SIZE[True, True] + 4)
+                sys_flag = int.from_bytes(head[36:40], "big", signed=True)
+                fixed = L.RECORD_FIXED_SIZE[bool(sys_flag & L.SYSFLAG_BORNHOST_V6),
+                                            bool(sys_flag & L.SYSFLAG_STOREHOST_V6)]
+                f.seek(s.offset - 8 + fixed - 4)
+                n = int.from_bytes(f.read(4), "big", signed=True)
+                body = f.read(max(n, 0))
+            b.range(s.path, s.offset, 4)
+            _pwrite(p, (zlib.crc32(body) & 0x7FFFFFFF).to_bytes(4, "big", signed=True), s.offset)
+        elif s.action == "extend-segment":
+            b.saved.append({"extended": s.path, "from": s.offset})
+            with open(p, "r+b") as f:
+                f.truncate(size)
+        elif s.action == "zero-tail":
+            b.range(s.path, s.offset, s.length)
+            _pwrite(p, b"\0" * s.length, s.offset)
+        elif s.action in ("cut-queue", "rebuild-queue", "dispatch-queue"):
+            b.copy(s.path)
+            topic, qid = Path(s.path).parent.name, int(Path(s.path).name)
+            units = d.units.get((topic, qid))
+            if s.action == "cut-queue":
+                _cut_queue(p, cfg.cq_file_size, rep.end)
+            elif s.action == "rebuild-queue":
+                shutil.rmtree(p, ignore_errors=True)
+                if units is not None:
+                    from .consumequeue import build_consume_queue
+                    build_consume_queue(p, *units, cfg.cq_file_size, fsync=True)
+            elif units is not None:
+                with ConsumeQueue(p, cfg.cq_file_size) if p.is_dir() else _NoQueue() as cq:
+                    have = cq.max_offset
+                sel = units[0] >= have
+                with ConsumeQueueWriter(p, cfg.cq_file_size) as w:
+                    w.put_many(*(a[sel] for a in units))
+                    w.flush()
+        elif s.action == "reindex":
+            _reindex(root, cfg, d, b, clock)
+        elif s.action == "write-checkpoint":
+            b.copy(ckpt.CHECKPOINT)
+            _fix_checkpoint(root, cfg, d, scan)
+        elif s.action == "remove-abort":
+            pass  # done last, by repair(), once everything is synced
+
+
+class _NoQueue:
+    max_offset = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def _reindex(root: Path, cfg, d, b: _Backup, clock) -> None:
+    g = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
+    idx = root / "index"
+    kept = _list_index_files(idx) if idx.is_dir() else []
+    if kept:
+        b.copy(f"index/{kept[-1].name}")  # the last kept file is appended to
+    with IndexService(idx, g, clock=clock) as svc:
+        start = svc.files[-1].header.end_phy_offset if svc.files else 0
+        sel = d.key_offset >= start
+        svc.put_hashes(d.key_hash[sel], d.key_offset[sel], d.key_timestamp[sel], skip_stale=True)
+        svc.flush()
+
+
+def _fix_checkpoint(root: Path, cfg, d, scan) -> None:
+    from .rebuild import last_full_index_timestamp
+
+    path = root / ckpt.CHECKPOINT
+    try:
+        cp = ckpt.read_checkpoint(path) if path.exists() else ckpt.Checkpoint()
+    except Exception:  # noqa: BLE001 - an unreadable checkpoint is replaced
+        cp = ckpt.Checkpoint()
+    ts = scan.records("store_timestamp")
+    last = int(ts.max()) if len(ts) else 0
+    cp.physic_msg_timestamp = min(cp.physic_msg_timestamp, last)
+    if d.last_cq_timestamp:
+        cp.logics_msg_timestamp = d.last_cq_timestamp
+    full = last_full_index_timestamp(root / "index", IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num))
+    cp.index_msg_timestamp = full if full is not None else min(cp.index_msg_timestamp, last)
+    ckpt.write_checkpoint(root, cp, version="4.9" if cfg.broker_version == "4.9" else "5.x")
