@@ -146,7 +146,7 @@ def _commitlog_steps(root: Path, cfg, rep: VerifyReport, by_code) -> list[Step]:
                                   f"zeros to {size} bytes (the broker refuses other sizes)",
                                   p.stat().st_size, size - p.stat().st_size))
     for f in by_code.get("commitlog-tail", []):
-        steps.append(Step("zero-tail", f.file, f"zero the {f.data.get('kind')} after the end "
+        steps.append(Step("zero-tail", f.file, f"zero the {f.data.get('kind')} bytes after the end "
                           f"of valid data ({rep.end}); the bytes are saved in the backup",
                           f.offset, int(f.data.get("bytes", 0))))
     for code in ("commitlog-preallocated", "commitlog-unreachable", "commitlog-gap"):
