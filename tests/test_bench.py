@@ -124,3 +124,12 @@ def test_median_picks_the_middle_run():
     r = B._median("x", 3, lambda k: (10, 100, next(seconds)))
     assert r.seconds == 2.0 and r.runs == [3.0, 1.0, 2.0]
     assert r.as_dict()["msgsPerSec"] == 5.0
+
+
+def test_generated_store_verifies_clean(tmp_path):
+    from rmqstore.verify import verify
+
+    B.make_store(tmp_path, 2_000_000, topics=3, queues=4, segment_size=512 * 1024)
+    report = verify(tmp_path)
+    assert report.ok, [(f.code, f.severity) for f in report.findings]
+    assert report.messages > 0
