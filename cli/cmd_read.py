@@ -226,7 +226,7 @@ def stats(
     if out is Format.jsonl:
         out = Format.json
     with open_store(store, config) as reader:
-        s = store_stats(reader)
+        s = store_stats(reader, conf=config)
     if out is Format.json:
         render.write_json(s)
         return

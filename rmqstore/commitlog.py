@@ -189,8 +189,11 @@ class CommitLog:
             if c.status is Check.OK:
                 last, count, end = off, count + 1, off + c.size
             elif c.status is Check.END_OF_SEGMENT:
+                # The next segment's start, if there is one; recovery stops at the BLANK
+                # of the last segment (spec §10.1).
                 seg, _ = self.queue.find(off)
-                end = seg.end
+                nxt = seg.end
+                end = nxt if any(s.start == nxt for s in self.segments) else off
             else:
                 end, reason = off, c.reason or c.status.value
         return ScanEnd(end, last, count, reason)

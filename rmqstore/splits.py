@@ -463,7 +463,7 @@ class StoreEnd:
     """Where a store's valid CommitLog data ends (spec §10.1)."""
 
     min_offset: int  # first segment's start
-    end_offset: int  # first byte after the last valid record's segment data
+    end_offset: int  # first byte after the last valid record (recovery's processOffset)
     reason: str  # "" when every file ended cleanly (BLANK or file end), else why
 
 
@@ -500,6 +500,9 @@ def stitch(splits: Sequence[Split], boundaries: dict[int, Boundary]) -> Stitched
         ss = sorted(ss, key=lambda s: (s.file_index, s.begin))
         ended: tuple[int, str] | None = None
         last_end = ss[0].file_start if ss else 0
+        # Where recovery's processOffset lands if nothing fails: at the last file's BLANK
+        # (or its end), not at the end of its padding (spec §10.1).
+        final = last_end
         i = 0
         while i < len(ss):
             fi = ss[i].file_index
@@ -531,14 +534,15 @@ def stitch(splits: Sequence[Split], boundaries: dict[int, Boundary]) -> Stitched
                 elif b.stop in FILE_DONE:
                     state = "done"
                     last_end = head.file_start + head.segment_size
+                    final = head.file_start + b.chain_end
                 else:
                     state = "ended"
                     ended = (head.file_start + b.chain_end, b.stop)
             if state == "open" and not pending:
                 # The chain ran past the last range: it ended exactly at the file end.
-                last_end = head.file_start + head.segment_size
+                last_end = final = head.file_start + head.segment_size
         if ended is None:
-            ends[store] = StoreEnd(ss[0].file_start if ss else 0, last_end, "")
+            ends[store] = StoreEnd(ss[0].file_start if ss else 0, final, "")
         else:
             ends[store] = StoreEnd(ss[0].file_start if ss else 0, ended[0], ended[1])
     return Stitched(sorted(keep), sorted(drop), rerun, ends, records)
@@ -589,85 +593,6 @@ def run_local(splits: Sequence[Split], task: Callable[[Split], tuple[Boundary, o
 
     st, _ = resolve(splits, boundaries, again)
     return st, {sid: payloads[sid] for sid in st.keep}
-
-
-# --- stats (shared with `rmqstore stats`) ---------------------------------------------------
-
-
-@dataclass
-class QueueStats:
-    """Records of one topic/queue: count, bytes (sum of TOTALSIZE), queue offset range and
-    store-time range (min/max, not first/last in arrival order)."""
-
-    topic: str
-    queue_id: int
-    count: int
-    bytes: int
-    min_queue_offset: int
-    max_queue_offset: int
-    first_store_timestamp: int
-    last_store_timestamp: int
-
-    def merge(self, o: QueueStats) -> QueueStats:
-        return QueueStats(self.topic, self.queue_id, self.count + o.count, self.bytes + o.bytes,
-                          min(self.min_queue_offset, o.min_queue_offset),
-                          max(self.max_queue_offset, o.max_queue_offset),
-                          min(self.first_store_timestamp, o.first_store_timestamp),
-                          max(self.last_store_timestamp, o.last_store_timestamp))
-
-
-STATS_FIELDS = tuple(f.name for f in dataclasses.fields(QueueStats))
-
-
-def queue_stats(records: scan.RecordColumns) -> list[QueueStats]:
-    """Per-(topic, queueId) aggregates of a run of records, vectorised. Every message
-    record counts, PREPARED/ROLLBACK included (they are CommitLog records)."""
-    n = len(records)
-    if n == 0:
-        return []
-    names, tid = records.topic_table()
-    qid = records.queue_id
-    qmin = int(qid.min())
-    key = tid * (int(qid.max()) - qmin + 1) + (qid - qmin)
-    order = np.argsort(key, kind="stable")
-    k = key[order]
-    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
-
-    def red(ufunc, a):
-        return ufunc.reduceat(a[order], starts)
-
-    cnt = np.diff(np.r_[starts, n])
-    size = red(np.add, records.size)
-    qo_min, qo_max = red(np.minimum, records.queue_offset), red(np.maximum, records.queue_offset)
-    ts_min = red(np.minimum, records.store_timestamp)
-    ts_max = red(np.maximum, records.store_timestamp)
-    first = order[starts]
-    return [QueueStats(names[int(tid[f])], int(qid[f]), int(c), int(b), int(a), int(z), int(t0), int(t1))
-            for f, c, b, a, z, t0, t1 in zip(first, cnt, size, qo_min, qo_max, ts_min, ts_max)]
-
-
-def merge_stats(parts: Iterable[Iterable[QueueStats]]) -> list[QueueStats]:
-    """Combine partial :func:`queue_stats` results; sorted by topic, then queue id."""
-    acc: dict[tuple[str, int], QueueStats] = {}
-    for part in parts:
-        for q in part:
-            k = (q.topic, q.queue_id)
-            acc[k] = acc[k].merge(q) if k in acc else q
-    return [acc[k] for k in sorted(acc)]
-
-
-def _stats_task(split: Split) -> tuple[Boundary, list[QueueStats]]:
-    with open_split(split) as sc:
-        return sc.boundary, queue_stats(sc.records)
-
-
-def store_stats(store: str, *, split_size: int = DEFAULT_SPLIT_SIZE, processes: int = 1,
-                conf=None) -> tuple[list[QueueStats], StoreEnd]:
-    """Per-queue stats of one store without Spark: the same split reader and the same
-    merge the Spark ``stats`` job uses."""
-    splits = plan_splits([list_store(store, conf=conf)], split_size)
-    st, payloads = run_local(splits, _stats_task, processes)
-    return merge_stats(payloads.values()), st.ends[store]
 
 
 # --- decoded columns (Arrow) ---------------------------------------------------------------

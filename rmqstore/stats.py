@@ -1,51 +1,26 @@
-"""Store statistics: per topic/queue counts, bytes, offsets and times, from the CommitLog
-(bulk scan, segments in parallel processes), plus the ConsumeQueue, IndexFile and
-checkpoint views. ``rmqstore stats`` prints :func:`store_stats`; ``spark stats`` computes
-the same per-queue numbers from the same :func:`segment_partials`.
+"""Store statistics: per topic/queue counts, bytes, queue offsets and store times.
+
+One definition serves ``rmqstore stats`` and ``rmqstore spark stats``: each split of the
+CommitLog (see :mod:`rmqstore.splits`) is aggregated with :func:`queue_stats`, partials are
+combined with :func:`merge_stats`. Locally the splits run in a process pool, so even a
+single 1 GiB segment is scanned by every core.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
 from . import layout as L
 from .errors import RmqStoreError
-from .scan import RecordColumns, scan_buffer
+from .scan import RecordColumns
 
-#: Segments at least this large are scanned in worker processes (when there are several).
-PARALLEL_MIN_BYTES = 64 * 1024 * 1024
-
-
-@dataclass
-class QueueStats:
-    """What the CommitLog holds for one topic/queue."""
-
-    topic: str
-    queue_id: int
-    messages: int = 0
-    bytes: int = 0
-    min_queue_offset: int | None = None  # over records that get a ConsumeQueue unit
-    max_queue_offset: int | None = None
-    first_store_time: int | None = None
-    last_store_time: int | None = None
-
-    def merge(self, o: "QueueStats") -> None:
-        self.messages += o.messages
-        self.bytes += o.bytes
-        self.min_queue_offset = _opt(min, self.min_queue_offset, o.min_queue_offset)
-        self.max_queue_offset = _opt(max, self.max_queue_offset, o.max_queue_offset)
-        self.first_store_time = _opt(min, self.first_store_time, o.first_store_time)
-        self.last_store_time = _opt(max, self.last_store_time, o.last_store_time)
-
-    def as_dict(self) -> dict:
-        return {"topic": self.topic, "queueId": self.queue_id, "messages": self.messages,
-                "bytes": self.bytes, "minQueueOffset": self.min_queue_offset,
-                "maxQueueOffset": self.max_queue_offset, "firstStoreTime": self.first_store_time,
-                "lastStoreTime": self.last_store_time}
+#: Below this much CommitLog data a process pool costs more than it saves.
+PARALLEL_MIN_BYTES = 96 * 1024 * 1024
 
 
 def _opt(f, a, b):
@@ -53,124 +28,130 @@ def _opt(f, a, b):
 
 
 @dataclass
-class SegmentPartial:
-    """One segment's share: per-queue stats and how its valid data ends."""
+class QueueStats:
+    """Records of one topic/queue in the CommitLog.
 
-    start: int
-    records: int
+    ``count`` and ``bytes`` cover every record. The queue offset range covers only records
+    that get a ConsumeQueue unit: transaction PREPARED and ROLLBACK records store queue
+    offset 0 (spec §3.2), which says nothing about the queue. Store times are min/max."""
+
+    topic: str
+    queue_id: int
+    count: int
     bytes: int
-    end: int
-    stop: str
-    queues: dict[tuple[str, int], QueueStats] = field(default_factory=dict)
+    min_queue_offset: int | None
+    max_queue_offset: int | None
+    first_store_timestamp: int
+    last_store_timestamp: int
+
+    def merge(self, o: "QueueStats") -> "QueueStats":
+        return QueueStats(self.topic, self.queue_id, self.count + o.count, self.bytes + o.bytes,
+                          _opt(min, self.min_queue_offset, o.min_queue_offset),
+                          _opt(max, self.max_queue_offset, o.max_queue_offset),
+                          min(self.first_store_timestamp, o.first_store_timestamp),
+                          max(self.last_store_timestamp, o.last_store_timestamp))
+
+    def as_dict(self) -> dict:
+        return {"topic": self.topic, "queueId": self.queue_id, "messages": self.count,
+                "bytes": self.bytes, "minQueueOffset": self.min_queue_offset,
+                "maxQueueOffset": self.max_queue_offset,
+                "firstStoreTime": self.first_store_timestamp,
+                "lastStoreTime": self.last_store_timestamp}
 
 
-def aggregate(cols: RecordColumns) -> dict[tuple[str, int], QueueStats]:
-    """Per (topic, queueId) stats of a run of records, vectorised."""
-    out: dict[tuple[str, int], QueueStats] = {}
-    if len(cols) == 0:
-        return out
-    names, tid = cols.topic_table()
-    qid = cols.queue_id
+STATS_FIELDS = tuple(f.name for f in dataclasses.fields(QueueStats))
+
+
+def queue_stats(records: RecordColumns) -> list[QueueStats]:
+    """Per-(topic, queueId) aggregates of a run of records, vectorised."""
+    n = len(records)
+    if n == 0:
+        return []
+    names, tid = records.topic_table()
+    qid = records.queue_id
     qmin = int(qid.min())
-    span = int(qid.max()) - qmin + 1
-    key = tid * span + (qid - qmin)
-    uniq, inverse = np.unique(key, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    g = len(uniq)
-    counts = np.bincount(inverse, minlength=g)
-    sizes = np.bincount(inverse, weights=cols.size, minlength=g)
-    ts = cols.store_timestamp
-    first = np.full(g, np.iinfo(np.int64).max)
-    last = np.full(g, np.iinfo(np.int64).min)
-    np.minimum.at(first, inverse, ts)
-    np.maximum.at(last, inverse, ts)
-    tran = cols.sys_flag & L.SYSFLAG_TRANSACTION_MASK
-    dispatched = (tran == L.TRANSACTION_NOT_TYPE) | (tran == L.TRANSACTION_COMMIT)
-    qo = cols.queue_offset
-    lo = np.full(g, np.iinfo(np.int64).max)
-    hi = np.full(g, np.iinfo(np.int64).min)
-    np.minimum.at(lo, inverse[dispatched], qo[dispatched])
-    np.maximum.at(hi, inverse[dispatched], qo[dispatched])
-    for k, kv in enumerate(uniq.tolist()):
-        t, q = divmod(kv, span)
-        has = hi[k] >= lo[k]
-        out[names[t], q + qmin] = QueueStats(
-            names[t], q + qmin, int(counts[k]), int(sizes[k]),
-            int(lo[k]) if has else None, int(hi[k]) if has else None, int(first[k]), int(last[k]))
-    return out
+    key = tid * (int(qid.max()) - qmin + 1) + (qid - qmin)
+    order = np.argsort(key, kind="stable")
+    k = key[order]
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+
+    def red(ufunc, a):
+        return ufunc.reduceat(a[order], starts)
+
+    tran = records.sys_flag & L.SYSFLAG_TRANSACTION_MASK
+    dispatched = ((tran == L.TRANSACTION_NOT_TYPE) | (tran == L.TRANSACTION_COMMIT))[order]
+    qo = records.queue_offset[order]
+    big = np.iinfo(np.int64).max
+    qo_min = np.minimum.reduceat(np.where(dispatched, qo, big), starts)
+    qo_max = np.maximum.reduceat(np.where(dispatched, qo, -1), starts)
+    cnt = np.diff(np.r_[starts, n])
+    size = red(np.add, records.size)
+    ts_min = red(np.minimum, records.store_timestamp)
+    ts_max = red(np.maximum, records.store_timestamp)
+    first = order[starts]
+    return [QueueStats(names[int(tid[f])], int(qid[f]), int(c), int(b),
+                       None if z < 0 else int(a), None if z < 0 else int(z), int(t0), int(t1))
+            for f, c, b, a, z, t0, t1 in zip(first, cnt, size, qo_min, qo_max, ts_min, ts_max)]
 
 
-def segment_partial(path: str, start: int, limit: int) -> SegmentPartial:
-    """Scan one CommitLog segment file (opened here, read-only) and aggregate it."""
-    import mmap
-
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0 or limit == 0:
-            return SegmentPartial(start, 0, 0, start, "zeros")
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        scan = scan_buffer(mm, start, min(limit, size))
-        cols = scan.records
-        part = SegmentPartial(start, len(cols), int(cols.size.sum()), scan.end, scan.stop,
-                              aggregate(cols))
-        del cols, scan
-    return part
+def merge_stats(parts: Iterable[Iterable[QueueStats]]) -> list[QueueStats]:
+    """Combine partial :func:`queue_stats` results; sorted by topic, then queue id."""
+    acc: dict[tuple[str, int], QueueStats] = {}
+    for part in parts:
+        for q in part:
+            k = (q.topic, q.queue_id)
+            acc[k] = acc[k].merge(q) if k in acc else q
+    return [acc[k] for k in sorted(acc)]
 
 
-def segment_partials(segments, *, processes: int | None = None) -> list[SegmentPartial]:
-    """Partials for ``segments`` (objects with path, start, readable_size), in order."""
-    jobs = [(str(s.path), s.start, s.readable_size) for s in segments]
-    big = sum(j[2] for j in jobs) >= PARALLEL_MIN_BYTES and len(jobs) > 1
-    workers = processes if processes is not None else (os.cpu_count() or 1)
-    if big and workers > 1:
-        import multiprocessing
+def _stats_task(split):
+    from .splits import open_split
 
-        with ProcessPoolExecutor(min(workers, len(jobs)),
-                                 mp_context=multiprocessing.get_context("fork")) as ex:
-            return list(ex.map(segment_partial, *zip(*jobs)))
-    return [segment_partial(*j) for j in jobs]
+    with open_split(split) as sc:
+        return sc.boundary, queue_stats(sc.records)
 
 
-def merge_partials(partials: list[SegmentPartial]) -> tuple[dict, dict[tuple[str, int], QueueStats]]:
-    """CommitLog totals and per-queue stats, up to where valid data ends (spec §10.1)."""
-    queues: dict[tuple[str, int], QueueStats] = {}
-    records = nbytes = 0
-    end, stop = (partials[0].start if partials else 0), "no segments"
-    for p in partials:
-        records += p.records
-        nbytes += p.bytes
-        end, stop = p.end, p.stop
-        for k, q in p.queues.items():
-            if k in queues:
-                queues[k].merge(q)
-            else:
-                queues[k] = q
-        if p.stop not in ("blank", "end"):
-            break
-    return {"messages": records, "bytes": nbytes, "maxOffset": end, "endReason": stop}, queues
+def commitlog_stats(store: str, *, split_size: int | None = None, processes: int | None = None,
+                    conf=None):
+    """(per-queue stats, where valid data ends) for one store, without Spark: the same
+    splits and merge the Spark job uses. ``processes`` defaults to every core for stores
+    large enough to gain from it."""
+    from .splits import DEFAULT_SPLIT_SIZE, list_store, plan_splits, run_local
+
+    files = list_store(store, conf=conf)
+    splits = plan_splits([files], split_size or DEFAULT_SPLIT_SIZE)
+    if processes is None:
+        total = sum(s.end - s.begin for s in splits)
+        processes = (os.cpu_count() or 1) if total >= PARALLEL_MIN_BYTES else 1
+    st, payloads = run_local(splits, _stats_task, processes)
+    return merge_stats(payloads.values()), st.ends[store]
 
 
-def store_stats(reader) -> dict:
+def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
     """Everything ``rmqstore stats`` reports for a :class:`~rmqstore.reader.StoreReader`."""
     from .checkpoint import abort_exists, read_checkpoint
 
     cl = reader.commitlog
-    totals, queues = merge_partials(segment_partials(cl.segments))
-    commit_log = {"minOffset": cl.min_offset, **totals, "segments": len(cl.segments),
+    root = str(reader.root)
+    queues, end = commitlog_stats(root, processes=processes, conf=conf) if cl.segments else ([], None)
+    commit_log = {"minOffset": cl.min_offset,
+                  "maxOffset": end.end_offset if end else cl.min_offset,
+                  "messages": sum(q.count for q in queues), "bytes": sum(q.bytes for q in queues),
+                  "endReason": (end.reason or "clean") if end else "no segments",
+                  "segments": len(cl.segments),
                   "segmentSize": reader.config.mapped_file_size_commit_log,
                   "problems": [p.__dict__ for p in cl.queue.problems]}
-    rows = []
-    listing = reader.queues()
+    by_key = {(q.topic, q.queue_id): q.as_dict() for q in queues}
     cq_info = {}
-    for ref in listing.queues:
+    for ref in reader.queues().queues:
         try:
             with reader.consume_queue(ref.topic, ref.queue_id) as cq:
                 cq_info[ref.topic, ref.queue_id] = (cq.min_offset(cl.min_offset), cq.max_offset)
         except RmqStoreError:  # a broken queue shows as unknown; verify explains it
             cq_info[ref.topic, ref.queue_id] = (None, None)
-    for key in sorted(set(queues) | set(cq_info)):
-        q = queues.get(key) or QueueStats(*key)
-        d = q.as_dict()
+    rows = []
+    for key in sorted(set(by_key) | set(cq_info)):
+        d = by_key.get(key) or QueueStats(key[0], key[1], 0, 0, None, None, None, None).as_dict()
         d["cqMinOffset"], d["cqMaxOffset"] = cq_info.get(key, (None, None))
         rows.append(d)
     index_files = []
@@ -185,7 +166,7 @@ def store_stats(reader) -> dict:
     checkpoint = None
     if reader.config.checkpoint_path.exists():
         checkpoint = read_checkpoint(reader.config.checkpoint_path).__dict__
-    return {"store": str(reader.root), "commitLog": commit_log, "queues": rows,
+    return {"store": root, "commitLog": commit_log, "queues": rows,
             "indexFiles": index_files, "checkpoint": checkpoint,
             "abortFile": abort_exists(reader.root),
             "geometry": {k: getattr(reader.config, k) for k in

@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover
 
 from conftest import MESSAGE_SCENARIOS, ROCKETMQ_498, SCENARIOS  # noqa: E402
 
+from rmqstore import stats as STATS
 from rmqstore import layout as L  # noqa: E402
 from rmqstore import splits as S  # noqa: E402
 
@@ -139,7 +140,7 @@ def test_stats_equal_non_spark_stats(spark):
     stores = [str(ROCKETMQ_498 / s) for s in SCENARIOS]
     r = jobs.stats(spark, stores, split_size=65536)
     for s in stores:
-        ref, end = S.store_stats(s, split_size=1 << 30)
+        ref, end = STATS.commitlog_stats(s, split_size=1 << 30)
         assert r.stats[s] == ref
         assert r.ends[s] == end
 

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rmqstore import stats as STATS
 from rmqstore import layout as L
 from rmqstore import splits as S
 from rmqstore.codec import Host, Message, decode_record, encode_record
@@ -265,8 +266,8 @@ def test_properties_parsing_matches_codec():
 
 def test_queue_stats_merge_equals_whole():
     root = str(ROCKETMQ_498 / "basic")
-    whole, end = S.store_stats(root, split_size=1 << 30)
-    parts, _ = S.store_stats(root, split_size=999)
+    whole, end = STATS.commitlog_stats(root, split_size=1 << 30)
+    parts, _ = STATS.commitlog_stats(root, split_size=999)
     assert whole == parts
     ref = {}
     for m in manifest("basic")["messages"]:

@@ -7,7 +7,7 @@ checks the chain (:func:`splits.resolve`), re-reads any wrongly resynced split i
 keeps only records of valid data. What differs is what tasks return:
 
 * export: nothing but boundaries; tasks write Parquet themselves (pipeline.output);
-* stats: per-queue partial aggregates, merged on the driver with splits.merge_stats;
+* stats: per-queue partial aggregates, merged on the driver with stats.merge_stats;
 * audit / rebuild-cq: implied CQ units, grouped per queue with ``applyInPandas``.
 """
 
@@ -25,6 +25,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from .. import splits as S
+
+from .. import stats as ST
 from . import audit as A
 from . import output as O
 
@@ -193,15 +195,15 @@ _STATS = _BOUNDARY + [T.StructField("topic", T.StringType()), T.StructField("que
 
 @dataclass
 class StatsResult:
-    stats: dict[str, list[S.QueueStats]]  # per store, sorted by topic and queue id
+    stats: dict[str, list[ST.QueueStats]]  # per store, sorted by topic and queue id
     ends: dict[str, S.StoreEnd]
 
 
 def stats(spark: SparkSession, stores: Sequence[str], *, split_size: int = S.DEFAULT_SPLIT_SIZE,
           progress: Progress = _quiet) -> StatsResult:
     """Per store/topic/queue: count, bytes, min/max queue offset, first/last store time.
-    Tasks aggregate their split with :func:`splits.queue_stats`; the driver merges the
-    partials of the kept splits with :func:`splits.merge_stats`, as ``rmqstore stats``."""
+    Tasks aggregate their split with :func:`stats.queue_stats`; the driver merges the
+    partials of the kept splits with :func:`stats.merge_stats`, as ``rmqstore stats``."""
     import pyarrow as pa
 
     progress("planning splits")
@@ -209,8 +211,8 @@ def stats(spark: SparkSession, stores: Sequence[str], *, split_size: int = S.DEF
 
     def task(split, attempt):
         with S.open_split(split) as sc:
-            b, qs = sc.boundary, S.queue_stats(sc.records)
-        rows = [{**b.as_row(), **{f: None for f in S.STATS_FIELDS}}]
+            b, qs = sc.boundary, ST.queue_stats(sc.records)
+        rows = [{**b.as_row(), **{f: None for f in ST.STATS_FIELDS}}]
         rows += [{**b.as_row(), **q.__dict__} for q in qs]
         yield pa.RecordBatch.from_pylist(rows, schema=_arrow(_STATS))
 
@@ -220,7 +222,7 @@ def stats(spark: SparkSession, stores: Sequence[str], *, split_size: int = S.DEF
     for r in rows:
         bounds[r["split_id"]] = _boundary(r)
         if r["topic"] is not None:
-            parts.setdefault(r["split_id"], []).append(S.QueueStats(*[r[f] for f in S.STATS_FIELDS]))
+            parts.setdefault(r["split_id"], []).append(ST.QueueStats(*[r[f] for f in ST.STATS_FIELDS]))
 
     def again(s):
         b, qs = S._stats_task(s)
@@ -232,7 +234,7 @@ def stats(spark: SparkSession, stores: Sequence[str], *, split_size: int = S.DEF
     by_store: dict[str, list] = {}
     for sid in st.keep:
         by_store.setdefault(splits[sid].store, []).append(parts.get(sid, []))
-    return StatsResult({s: S.merge_stats(by_store.get(s, [])) for s in dict.fromkeys(stores)}, st.ends)
+    return StatsResult({s: ST.merge_stats(by_store.get(s, [])) for s in dict.fromkeys(stores)}, st.ends)
 
 
 def _arrow(fields: Sequence[T.StructField]):
