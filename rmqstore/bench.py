@@ -14,7 +14,7 @@ Timed calls, and where they come from when the owning module offers a bench hook
 
 ==============  =============================================================
 append          :func:`rmqstore.append.bench_append` (put to clean close)
-scan            :func:`rmqstore.stats.segment_partials` over the CommitLog
+scan            ``rmqstore.stats.commitlog_stats`` (``segment_partials`` before it)
 verify          ``rmqstore.verify.bench_verify`` when present, else skipped
 rebuild         ``rmqstore.rebuild.bench_rebuild`` when present, else
                 :func:`rmqstore.rebuild.rebuild`, else (older trees)
@@ -338,17 +338,25 @@ def bench_append(opts: BenchOptions) -> BenchResult:
 
 
 def bench_scan(opts: BenchOptions) -> BenchResult:
-    from .segments import SegmentQueue
-    from .stats import segment_partials
+    """What ``rmqstore stats`` spends its time on: the bulk scan of the CommitLog into
+    per-queue statistics (``stats.commitlog_stats``; ``segment_partials`` in older trees)."""
+    from . import stats
 
     with _Workdir(opts, "scan") as d:
         make_store(d, opts.size_bytes, body_size=opts.body_size, topics=opts.topics,
                    queues=opts.queues, segment_size=_segment_size(opts), queues_and_index=False)
 
         def once(k: int):
+            if hasattr(stats, "commitlog_stats"):
+                t0 = time.perf_counter()
+                queues, _end = stats.commitlog_stats(str(d))
+                secs = time.perf_counter() - t0
+                return sum(q.count for q in queues), sum(q.bytes for q in queues), secs
+            from .segments import SegmentQueue
+
             with SegmentQueue([d / "commitlog"], _segment_size(opts)) as q:
                 t0 = time.perf_counter()
-                parts = segment_partials(q.segments)
+                parts = stats.segment_partials(q.segments)
                 secs = time.perf_counter() - t0
             return sum(p.records for p in parts), sum(p.bytes for p in parts), secs
 
