@@ -314,6 +314,7 @@ def open_consume_queue(root: str | os.PathLike, topic: str, queue_id: int,
     return ConsumeQueue(Path(root) / "consumequeue" / topic / str(queue_id), file_size, **kw)
 
 
+_UNIT_STRUCT = L.CQ_UNIT_STRUCT
 _PLACEHOLDER = np.array([(0, L.CQ_PLACEHOLDER_SIZE, 0)], dtype=L.CQ_UNIT_DTYPE)
 
 
@@ -336,6 +337,11 @@ class ConsumeQueueWriter:
         for p in beyond:
             os.unlink(p)
         self._fds: dict[int, int] = {}
+        # Units are stored through a shared mapping of the segment being written: a
+        # 20-byte store costs far less than a pwrite() system call, same bytes on disk.
+        self._maps: dict[int, mmap.mmap] = {}
+        self._map_start = -1  # segment start of _map_cur
+        self._map_cur: mmap.mmap | None = None
 
     # --- segment files --------------------------------------------------------------
 
@@ -367,9 +373,17 @@ class ConsumeQueueWriter:
             self._starts.append(self.write_pos)
             self._fd(self.write_pos)
 
+    def _map_for(self, start: int) -> mmap.mmap:
+        mm = self._maps.get(start)
+        if mm is None:
+            mm = self._maps[start] = mmap.mmap(self._fd(start), self.file_size)
+        self._map_start, self._map_cur = start, mm
+        return mm
+
     def _pwrite(self, pos: int, data: bytes) -> None:
         start = self._starts[-1]
-        os.pwrite(self._fd(start), data, pos - start)
+        mm = self._map_cur if start == self._map_start else self._map_for(start)
+        mm[pos - start:pos - start + len(data)] = data
 
     # --- appending ------------------------------------------------------------------
 
@@ -377,6 +391,15 @@ class ConsumeQueueWriter:
         """putMessagePositionInfo; True when the unit was written (spec §6.1)."""
         if commit_log_offset + size <= self.max_physic_offset:
             return False  # a repeat
+        pos = self.write_pos
+        if pos is not None and queue_offset * UNIT == pos \
+                and 0 <= pos - self._map_start < self.file_size and self._map_start == self._starts[-1]:
+            # The usual case: the next unit, in the segment being written.
+            _UNIT_STRUCT.pack_into(self._map_cur, pos - self._map_start,
+                                   commit_log_offset, size, tags_code)
+            self.write_pos = pos + UNIT
+            self.max_physic_offset = commit_log_offset + size
+            return True
         self._segment_for(queue_offset)
         if queue_offset * UNIT < self.write_pos:
             return False  # already built
@@ -437,9 +460,12 @@ class ConsumeQueueWriter:
 
     def flush(self) -> None:
         for fd in self._fds.values():
-            os.fsync(fd)
+            os.fsync(fd)  # also writes back pages dirtied through the mapping (Linux)
 
     def close(self) -> None:
+        for mm in self._maps.values():
+            mm.close()
+        self._maps, self._map_start, self._map_cur = {}, -1, None
         for fd in self._fds.values():
             os.close(fd)
         self._fds = {}

@@ -19,6 +19,7 @@ crash or when reopening a store whose queues lag its CommitLog.
 from __future__ import annotations
 
 import collections
+import operator
 import threading
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -27,7 +28,7 @@ import numpy as np
 
 from . import layout as L
 from .append import Appended
-from .codec import SCHEDULE_TOPIC, java_hash, parse_properties
+from .codec import SCHEDULE_TOPIC, index_hash, java_hash, parse_properties
 from .consumequeue import ConsumeQueue, ConsumeQueueWriter, list_queues
 
 _CQ_TYPES = (L.TRANSACTION_NOT_TYPE, L.TRANSACTION_COMMIT)
@@ -42,6 +43,24 @@ def _pow31(n: int) -> np.ndarray:
 
 
 _POW = _pow31(256)
+
+# Index hash of ``topic#token`` from the topic's cached prefix hash (spec §7.2):
+# h(a + b) = h(a) * 31**len(b) + h(b) (mod 2**32). For ASCII tokens h(b) is one C-level
+# sum of products, instead of a Python loop over the characters.
+_FAST_KEY_MAX = 256
+_POW_N = [pow(31, n, 1 << 32) for n in range(_FAST_KEY_MAX + 1)]
+_POW_ROWS = [tuple(pow(31, n - 1 - i, 1 << 32) for i in range(n)) for n in range(_FAST_KEY_MAX + 1)]
+_mul = operator.mul
+
+
+def _index_hash_from(prefix_hash: int, topic: str, token: str) -> int:
+    n = len(token)
+    if n > _FAST_KEY_MAX or not token.isascii():
+        return index_hash(f"{topic}#{token}")
+    h = (prefix_hash * _POW_N[n] + sum(map(_mul, token.encode("ascii"), _POW_ROWS[n]))) & 0xFFFFFFFF
+    if h & 0x80000000:  # negative as int32: Math.abs, and MIN_VALUE becomes 0
+        h = 0 if h == 0x80000000 else 0x100000000 - h
+    return h
 
 
 def index_hashes(keys: Sequence[str]) -> np.ndarray:
@@ -100,6 +119,7 @@ class Dispatcher:
         self.on_logics = on_logics or (lambda ts: None)
         self._writers: dict[tuple[str, int], ConsumeQueueWriter] = {}
         self._tags: dict[str, int] = {}
+        self._key_prefix: dict[str, int] = {}  # topic -> java_hash(topic + "#"), unsigned
         self.dispatched = 0  # records handled
         self.logics_timestamp = 0
 
@@ -139,6 +159,62 @@ class Dispatcher:
             k = props.get("KEYS")
             self.index.build_index(a.topic, props.get("UNIQ_KEY"), k.split(" ") if k else (),
                                    a.offset, a.store_timestamp, a.sys_flag)
+        self.dispatched += 1
+
+    def _topic_prefix_hash(self, topic: str) -> int:
+        ph = java_hash(topic + "#") & 0xFFFFFFFF
+        if len(self._key_prefix) < _TAGS_CACHE_MAX:
+            self._key_prefix[topic] = ph
+        return ph
+
+    def dispatch_record(self, topic: str, queue_id: int, queue_offset: int, offset: int,
+                        size: int, sys_flag: int, store_timestamp: int, props: dict | None,
+                        text: str = "") -> None:
+        """:meth:`dispatch` for one record given as fields (the appender's fast put);
+        ``props`` None means parse ``text``. Same bytes, same order."""
+        if props is None:
+            props = parse_properties(text)
+        tx = sys_flag & L.SYSFLAG_TRANSACTION_MASK
+        if tx == L.TRANSACTION_NOT_TYPE or tx == L.TRANSACTION_COMMIT:
+            tags = props.get("TAGS")
+            if topic == SCHEDULE_TOPIC:
+                code = self._tags_code(topic, props, store_timestamp)
+            elif tags:
+                code = self._tags.get(tags)
+                if code is None:
+                    code = self._tags_code(topic, props, store_timestamp)
+            else:
+                code = 0
+            w = self._writers.get((topic, queue_id))
+            if w is None:
+                w = self._writer(topic, queue_id)
+            if w.put(queue_offset, offset, size, code):
+                self.logics_timestamp = store_timestamp
+        index = self.index
+        if index is not None:
+            files = index.files
+            if not files or files[-1].header.index_count >= index.geometry.index_num:
+                index.current_file()  # build_index's getAndCreateLastIndexFile (§7.5)
+                files = index.files
+            f = files[-1]
+            # The §7.3 rules: offset below the file's endPhyOffset, or ROLLBACK: no keys.
+            if offset >= f.header.end_phy_offset and tx != L.TRANSACTION_ROLLBACK:
+                uniq = props.get("UNIQ_KEY")
+                k = props.get("KEYS")
+                if uniq is not None or k:
+                    ph = self._key_prefix.get(topic)
+                    if ph is None:
+                        ph = self._topic_prefix_hash(topic)
+                    if uniq is not None:
+                        h = _index_hash_from(ph, topic, uniq)
+                        if not files[-1].put(h, offset, store_timestamp):
+                            index.put_hash(h, offset, store_timestamp)  # full: next file
+                    if k:
+                        for t in k.split(" "):
+                            if t:
+                                h = _index_hash_from(ph, topic, t)
+                                if not files[-1].put(h, offset, store_timestamp):
+                                    index.put_hash(h, offset, store_timestamp)
         self.dispatched += 1
 
     def dispatch_many(self, records: Sequence[Appended]) -> None:

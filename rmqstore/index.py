@@ -32,6 +32,8 @@ _ENTRY = L.INDEX_ENTRY_STRUCT
 _SLOT = L.INDEX_SLOT_STRUCT
 _HEADER = L.INDEX_HEADER_STRUCT
 _SLOTS_AT = L.INDEX_HEADER_SIZE  # hot paths: plain ints, not construct's sizeof per call
+_SLOT_SIZE = L.INDEX_SLOT_SIZE
+_ENTRY_SIZE = L.INDEX_ENTRY_SIZE
 
 
 @dataclass(frozen=True)
@@ -199,23 +201,30 @@ class IndexFile:
     def put(self, key_hash: int, phy_offset: int, store_timestamp: int) -> bool:
         """putKey with a precomputed index hash; False when the file is write-full."""
         h, g, mm = self.header, self.geometry, self._map
-        if h.index_count >= g.index_num:
+        count = h.index_count
+        if count >= g.index_num:
             return False
-        sp = _SLOTS_AT + key_hash % g.hash_slot_num * L.INDEX_SLOT_SIZE
+        sp = _SLOTS_AT + key_hash % g.hash_slot_num * _SLOT_SIZE
         (head,) = _SLOT.unpack_from(mm, sp)
-        if head <= 0 or head > h.index_count:
+        if head <= 0 or head > count:
             head = 0
-        td = 0 if h.begin_timestamp <= 0 else _time_diff(store_timestamp - h.begin_timestamp)
-        _ENTRY.pack_into(mm, g.entries_start + h.index_count * L.INDEX_ENTRY_SIZE,
+        begin = h.begin_timestamp
+        if begin <= 0:
+            td = 0
+        else:
+            td = (store_timestamp - begin) // 1000  # seconds, clamped (spec §7.1)
+            td = 0 if td < 0 else (td if td < L.INT32_MAX else L.INT32_MAX)
+        _ENTRY.pack_into(mm, g._entries_start + count * _ENTRY_SIZE,
                          key_hash, phy_offset, td, head)
-        _SLOT.pack_into(mm, sp, h.index_count)
-        if h.index_count <= 1:
+        _SLOT.pack_into(mm, sp, count)
+        if count <= 1:
             h.begin_phy_offset, h.begin_timestamp = phy_offset, store_timestamp
         if head == 0:
             h.hash_slot_count += 1
-        h.index_count += 1
+        h.index_count = count + 1
         h.end_phy_offset, h.end_timestamp = phy_offset, store_timestamp
-        mm[:L.INDEX_HEADER_SIZE] = h.pack()
+        _HEADER.pack_into(mm, 0, h.begin_timestamp, store_timestamp, h.begin_phy_offset,
+                          phy_offset, h.hash_slot_count, count + 1)
         return True
 
     def put_many(self, key_hashes: np.ndarray, phy_offsets: np.ndarray,

@@ -290,6 +290,16 @@ def derive_offsets(con: Construct) -> dict[str, tuple[int, int]]:
 
 RECORD_FIXED_OFFSETS = {k: derive_offsets(v) for k, v in RECORD_FIXED.items()}
 RECORD_HEAD_STRUCT = derive_struct(RecordHead)
+
+
+def _record_field(name: str) -> Construct:
+    return next(sc for sc in CommitLogRecord.subcons if sc.name == name)
+
+
+#: Single record fields a writer stores on their own: TOTALSIZE (written last, so a
+#: concurrent scan never sees a partial record) and the properties length.
+RECORD_TOTAL_SIZE_STRUCT = derive_struct(Struct(_record_field("total_size")))
+RECORD_PROPERTIES_LENGTH_STRUCT = derive_struct(Struct(_record_field("properties_length")))
 RECORD_HEAD_SIZE = RecordHead.sizeof()
 BLANK_STRUCT = derive_struct(Struct("total_size" / Int32sb, "magic" / Int32sb))
 

@@ -23,7 +23,7 @@ from typing import Sequence
 from . import checkpoint as ckpt
 from . import layout as L
 from .append import Appended, CommitLogAppender, PutResult, PutStatus, prepare
-from .codec import Message
+from .codec import Message, parse_properties
 from .commitlog import CommitLog
 from .config import StoreConfig, load_config
 from .dispatch import BackgroundDispatcher, Dispatcher, queue_state
@@ -127,7 +127,21 @@ class MessageStore:
         self.flusher.start()
         self.dispatch_mode = dispatch
         self.background = BackgroundDispatcher(self.dispatcher) if dispatch == "background" else None
-        self.last_record_offset = -1
+        # What the fast put calls under the append lock for each record (dispatch).
+        if dispatch == "sync":
+            self._record = self.dispatcher.dispatch_record
+        elif dispatch == "background":
+            submit = self.background.submit
+
+            def to_background(topic, queue_id, queue_offset, offset, size, sys_flag, ts, props, text):
+                if props is None:
+                    props = parse_properties(text)
+                submit([Appended(offset, size, topic, queue_id, queue_offset, sys_flag, ts, props)])
+
+            self._record = to_background
+        else:
+            self._record = None
+        self._sync_flush = self.flusher.sync
 
     def _find_end(self, queue: SegmentQueue) -> int:
         """End of valid data (spec §10.1): from the third-to-last segment after a clean
@@ -159,16 +173,20 @@ class MessageStore:
         """Append one message as given (its stored form). ``stamp`` sets STORETIMESTAMP to
         the clock under the append lock, as the broker does. Never raises for a bad
         message: the status says why (spec §3.6)."""
-        self._check_open()
-        p = prepare(msg, self.config)
-        if isinstance(p, PutResult):
-            return p
-        a = self.appender
-        with a.lock:
-            result, record = a.append(p, stamp=stamp)
-            self._after([record])
-            self.last_record_offset = result.offset
-        self._wait_flush([result], msg.properties.get("WAIT") != "false")
+        if self._closed:
+            self._check_open()
+        result = self.appender.put_message(msg, stamp, self._record)
+        if result is None:
+            # Refused, or unusual (magic v2, long properties): the general path.
+            p = prepare(msg, self.config)
+            if isinstance(p, PutResult):
+                return p
+            a = self.appender
+            with a.lock:
+                result, record = a.append(p, stamp=stamp)
+                self._after([record])
+        if self._sync_flush:
+            self._wait_flush([result], msg.properties.get("WAIT") != "false")
         return result
 
     def put_batch(self, msgs: Sequence[Message], *, stamp: bool = False) -> list[PutResult]:
@@ -192,11 +210,15 @@ class MessageStore:
         with a.lock:
             results, records = a.append_batch(preps, stamp=stamp)
             self._after(records)
-            self.last_record_offset = results[-1].offset
         self._wait_flush(results, True)
         return results
 
     # --- state ---------------------------------------------------------------------------
+
+    @property
+    def last_record_offset(self) -> int:
+        """PHYSICALOFFSET of the last record appended (confirmPhyOffset for 5.x, §8.1)."""
+        return self.appender.last_record_offset
 
     @property
     def max_offset(self) -> int:
