@@ -11,15 +11,18 @@ RocketMQ's check (spec §3.9) vectorised, and the body CRC when asked.
 from __future__ import annotations
 
 import zlib
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
+from construct import Struct
 
 from . import layout as L
 from .codec import Host, Message, decode_record
 
 _MIN_RECORD = L.RECORD_FIXED_SIZE[False, False] + 3
 _HEAD = L.BLANK_STRUCT  # (total_size, magic): the first 8 bytes of any record
+_SIZE = L.derive_struct(Struct(L.RecordHead.subcons[0]))  # TOTALSIZE alone, for the walk
 
 
 def _strided(u8: np.ndarray, width: int) -> np.ndarray:
@@ -44,29 +47,41 @@ def _int_at(u8: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
 
 
 def walk_chain(buf, pos: int, limit: int) -> tuple[np.ndarray, int, str]:
-    """Record start positions from ``pos`` following TOTALSIZE, while the magic is a
+    """Record start positions from ``pos`` following TOTALSIZE while the magic is a
     message magic and the size fits. Returns (starts, stop position, why it stopped):
-    "blank", "end" (reached ``limit``) or a short reason for a failed header."""
-    unpack = _HEAD.unpack_from
-    v1, v2 = L.MAGIC_V1, L.MAGIC_V2
-    starts = []
+    "blank", "end" (reached ``limit``), "zeros", "bad magic", "bad size" or "short".
+
+    The loop reads only the size field (this is the one per-record Python step of a
+    scan); magics are checked afterwards in one vectorised pass, and the chain is cut
+    at the first record whose magic is not a message magic."""
+    unpack = _SIZE.unpack_from
+    starts = array("q")
     append = starts.append
-    stop = ""
-    while True:
-        left = limit - pos
-        if left < 8:
-            stop = "end" if left == 0 else "short"
-            break
-        size, magic = unpack(buf, pos)
-        if magic != v1 and magic != v2:
-            stop = "blank" if magic == L.MAGIC_BLANK else ("zeros" if size == 0 and magic == 0 else "bad magic")
-            break
-        if size < _MIN_RECORD or size > left:
-            stop = "bad size"
+    last = limit - 8
+    while pos <= last:
+        (size,) = unpack(buf, pos)
+        if not _MIN_RECORD <= size <= limit - pos:
             break
         append(pos)
         pos += size
-    return np.array(starts, dtype=np.int64), pos, stop
+    found = np.frombuffer(starts, dtype=np.int64) if len(starts) else np.zeros(0, np.int64)
+    if len(found):
+        u8 = np.frombuffer(buf, dtype=np.uint8, count=limit)
+        magic = _int_at(u8, found + L.OFFSET_OF["magic"], 4)
+        good = (magic == L.MAGIC_V1) | (magic == L.MAGIC_V2)
+        if not good.all():
+            k = int(np.argmin(good))
+            found, pos = found[:k].copy(), int(found[k])
+    if limit - pos == 0:
+        return found, pos, "end"
+    if limit - pos < 8:
+        return found, pos, "short"
+    size, magic = _HEAD.unpack_from(buf, pos)
+    if magic == L.MAGIC_BLANK:
+        return found, pos, "blank"
+    if size == 0 and magic == 0:
+        return found, pos, "zeros"
+    return found, pos, "bad magic" if magic not in L.MESSAGE_MAGICS else "bad size"
 
 
 _FIXED_NAMES = tuple(L.RECORD_FIXED_OFFSETS[False, False])
