@@ -12,8 +12,8 @@ from cli.common import Format, app, handles_errors
 
 BENCH_HELP = """Time rmqstore on data it generates: messages/s, MB/s and seconds, the median of
 --runs runs. With no benchmark named, runs them all. The data goes to a subfolder of --dir
-(or of a temporary folder) and is removed afterwards. Benchmarks that cannot run here (spark-export
-without pyspark or Java, verify before it exists) are reported as skipped."""
+(or of a temporary folder) and is removed afterwards. A benchmark that cannot run here (spark-export
+without pyspark or Java) is reported as skipped."""
 
 bench_app = typer.Typer(help=BENCH_HELP, invoke_without_command=True, no_args_is_help=False,
                         context_settings={"help_option_names": ["-h", "--help"]})
