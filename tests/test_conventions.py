@@ -165,6 +165,8 @@ def test_exit_codes():
     # 1: the command worked and found nothing / problems.
     assert rmq("query-key", SAMPLE, "--topic", "OrderEvents", "--key", "no-such-key").returncode == 1
     assert rmq("get", SAMPLE, "--topic", "OrderEvents", "--uniq-key", "00").returncode == 1
+    assert rmq("verify", SAMPLE).returncode == 0
+    assert rmq("verify", REPO / "samples" / "crashed").returncode == 1
     # 2: bad usage, Typer's own usage errors included, and unusable input.
     assert rmq("stats").returncode == 2  # missing argument
     assert rmq("stats", SAMPLE, "--no-such-option").returncode == 2
@@ -173,6 +175,7 @@ def test_exit_codes():
     assert rmq("get", SAMPLE).returncode == 2  # none of the ways to find a message
     assert rmq("stats", REPO / "no-such-store").returncode == 2
     assert rmq("get", SAMPLE, "--offset", "5").returncode == 2
+    assert rmq("verify", REPO / "no-such-store").returncode == 2
 
 
 def test_errors_are_one_line_naming_file_and_offset():
