@@ -15,11 +15,16 @@ tail first and its TOTALSIZE field last, so until then a scan finds zeros (end o
 from __future__ import annotations
 
 import enum
+import itertools
+import operator
 import threading
 import time
 import zlib
+from collections.abc import Sequence as _SequenceABC
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
+
+import numpy as np
 
 from . import layout as L
 from .codec import Message, body_crc, offset_msg_id
@@ -66,6 +71,67 @@ class PutResult:
     @property
     def ok(self) -> bool:
         return self.status is PutStatus.PUT_OK
+
+
+class PutResults(_SequenceABC):
+    """The results of one batch put, made on first use (like the broker's msgIdSupplier):
+    a caller that only needs the batch written does not pay for a PutResult per message.
+    Behaves as a read-only list of :class:`PutResult` (the objects are kept once made)."""
+
+    __slots__ = ("_offsets", "_sizes", "_queue_offsets", "_timestamps", "_prefixes", "_list")
+
+    def __init__(self, offsets, sizes, queue_offsets, timestamps, prefixes):
+        self._offsets, self._sizes = offsets, sizes
+        self._queue_offsets, self._timestamps, self._prefixes = queue_offsets, timestamps, prefixes
+        self._list = None
+
+    def _made(self) -> list[PutResult]:
+        if self._list is None:
+            ok = PutStatus.PUT_OK
+            self._list = [PutResult(ok, o, s, q, t, f"{p}{o:016X}") for o, s, q, t, p in zip(
+                self._offsets.tolist(), self._sizes.tolist(), self._queue_offsets.tolist(),
+                self._timestamps, self._prefixes)]
+        return self._list
+
+    @property
+    def end(self) -> int:
+        """End offset of the batch's last record."""
+        return int(self._offsets[-1] + self._sizes[-1])
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def __getitem__(self, i):
+        return self._made()[i]
+
+    def __iter__(self):
+        return iter(self._made())
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other) if isinstance(other, (list, tuple, PutResults)) \
+            else NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(self._made())
+
+
+_BATCH_FIELDS = operator.attrgetter(
+    "topic", "body", "properties", "properties_text", "queue_id", "flag", "sys_flag",
+    "born_timestamp", "born_host", "store_timestamp", "store_host", "reconsume_times",
+    "prepared_transaction_offset", "magic")
+
+
+def _props_text(props: dict, trailing: bool) -> str:
+    text = "\x02".join([f"{k}\x01{v}" for k, v in props.items() if v is not None]) if props else ""
+    return text + "\x02" if text and trailing else text
+
+
+def _column(values, dtype=np.int64) -> np.ndarray | int:
+    """A column for the header array: a scalar when every value is the same."""
+    first = values[0]
+    if values.count(first) == len(values):
+        return first
+    return np.array(values, dtype=dtype)
 
 
 @dataclass(slots=True)
@@ -203,11 +269,13 @@ class CommitLogAppender:
         self._topics: dict[str, tuple[int, bytes]] = {}
         self._msg_id_prefix: dict = {}
         self._fixed = []
+        self._batch_dtypes = []
         for k in range(4):
             born6, store6 = bool(k & 1), bool(k & 2)
             self._fixed.append((L.RECORD_FIXED_SIZE[born6, store6], L.RECORD_FIXED_STRUCT[born6, store6],
                                 (L.SYSFLAG_BORNHOST_V6 if born6 else 0)
                                 | (L.SYSFLAG_STOREHOST_V6 if store6 else 0)))
+            self._batch_dtypes.append(L.RECORD_FIXED_DTYPE[born6, store6])
         if end % self.size or any(s.start == end for s in queue.segments):
             # Continue inside the segment that holds ``end`` (or starts there).
             self._open_segment(end - end % self.size)
@@ -426,6 +494,146 @@ class CommitLogAppender:
             if len(self._msg_id_prefix) < 1024:
                 self._msg_id_prefix[store] = prefix
         return PutResult(PutStatus.PUT_OK, end, total, qoff, ts, f"{prefix}{end:016X}")
+
+    # --- the vectorised batch -------------------------------------------------------------
+
+    def put_batch_message(self, msgs: Sequence[Message], stamp: bool, record_many=None):
+        """A regular batch (spec §3.7) encoded with numpy: the bytes, checks and statuses
+        of prepare() + :meth:`append_batch` for the usual batch. Returns None when the
+        batch needs the general path (a refused message, magic v2, mixed host widths,
+        long properties or bodies), or (results, first record offset).
+
+        ``record_many(columns)`` dispatches the records under the lock.
+        """
+        n = len(msgs)
+        cols = list(zip(*map(_BATCH_FIELDS, msgs)))
+        (topics, bodies, props, texts, queue_ids, flags, sys_flags, born_ts, born_hosts,
+         store_ts, store_hosts, reconsume, prepared, magics) = cols
+        if magics.count(_MAGIC_V1) != n:
+            return None
+        distinct = set(topics)
+        blocks = {}
+        for t in distinct:
+            entry = self._topics.get(t) or self._topic_entry(t)
+            if entry is None or entry[0] != _MAGIC_V1:
+                return None
+            blocks[t] = entry[1]
+        born_set, store_set = set(born_hosts), set(store_hosts)
+        born6 = {len(h[0]) == 16 for h in born_set}
+        store6 = {len(h[0]) == 16 for h in store_set}
+        if len(born6) != 1 or len(store6) != 1:
+            return None
+        k = born6.pop() + 2 * store6.pop()
+        fixed, _, host_bits = self._fixed[k]
+        dtype = self._batch_dtypes[k]
+        # Properties text, as prepare() makes it.
+        if texts.count(None) == n:
+            texts = ["\x02".join([f"{a}\x01{v}" for a, v in p.items() if v is not None]) if p else ""
+                     for p in props]
+            if self._trailing:
+                texts = [t + "\x02" if t else t for t in texts]
+            parsed = props
+        else:
+            # Some messages carry their stored text: dispatch parses the texts (prepare()).
+            texts = [_props_text(p, self._trailing) if t is None else t for t, p in zip(texts, props)]
+            parsed = None
+        try:
+            props_b = list(map(str.encode, texts))
+        except UnicodeEncodeError:
+            props_b = [t.encode("utf-8", "replace") for t in texts]
+        if None in bodies:
+            bodies = [b or b"" for b in bodies]
+        plens = np.fromiter(map(len, props_b), dtype=np.int64, count=n)
+        blens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+        if int(plens.max()) > 16383 or int(blens.max()) > self._max_body:
+            return None
+        if len(distinct) == 1:
+            tblock = blocks[topics[0]]
+            tblocks = itertools.repeat(tblock, n)
+            tlens = len(tblock)
+        else:
+            tblocks = [blocks[t] for t in topics]
+            tlens = np.fromiter(map(len, tblocks), dtype=np.int64, count=n)
+        totals = fixed + blens + tlens + 2 + plens
+        total = int(totals.sum())
+        if int(totals.max()) > self._max_total or total + L.END_FILE_MIN_BLANK_LENGTH > self.size:
+            return None  # prepare() refuses a record, or the batch cannot fit a segment
+        crcs = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n) & 0x7FFFFFFF
+        sys_arr = (np.array(sys_flags, dtype=np.int64) & ~_HOST_BITS) | host_bits
+        tx = sys_arr & _TX_MASK
+        advance = (tx != L.TRANSACTION_PREPARED) & (tx != L.TRANSACTION_ROLLBACK)
+        qids = np.array(queue_ids, dtype=np.int64)
+        # Key codes for (topic, queueId): consecutive queue offsets per key, in batch order.
+        if len(distinct) == 1:
+            uq, codes = np.unique(qids, return_inverse=True)
+            keys = [(topics[0], q) for q in uq.tolist()]
+        else:
+            kmap: dict = {}
+            codes = np.fromiter((kmap.setdefault(x, len(kmap)) for x in zip(topics, queue_ids)),
+                                dtype=np.int64, count=n)
+            keys = list(kmap)
+        codes = np.where(advance, codes, len(keys))
+        order = np.argsort(codes, kind="stable")
+        sc = codes[order]
+        starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]])
+        counts = np.diff(np.r_[starts, n])
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n) - np.repeat(starts, counts)
+        used = np.bincount(codes, minlength=len(keys) + 1)[:len(keys)]
+        plen_b = list(map(_PROPS_LEN.pack, plens.tolist()))
+        rel = np.cumsum(totals) - totals
+        hdr = np.zeros(n, dtype=dtype)
+        hdr["total_size"] = totals
+        hdr["magic"] = _MAGIC_V1
+        hdr["body_crc"] = crcs
+        hdr["queue_id"] = qids
+        hdr["flag"] = _column(flags)
+        hdr["sys_flag"] = sys_arr
+        hdr["born_timestamp"] = _column(born_ts)
+        for hosts, hset, which in ((born_hosts, born_set, "born_host"), (store_hosts, store_set, "store_host")):
+            if len(hset) == 1:
+                h = next(iter(hset))
+                hdr[which + "_address"] = np.frombuffer(h[0], dtype=np.uint8)
+                hdr[which + "_port"] = h[1]
+            else:
+                hdr[which + "_address"] = np.frombuffer(b"".join([h[0] for h in hosts]),
+                                                        dtype=np.uint8).reshape(n, -1)
+                hdr[which + "_port"] = np.array([h[1] for h in hosts], dtype=np.int64)
+        hdr["reconsume_times"] = _column(reconsume)
+        hdr["prepared_transaction_offset"] = _column(prepared)
+        hdr["body_length"] = blens
+        with self.lock:
+            start = self.reserve(total)
+            phys = start + rel
+            counters = self.queue_offsets
+            base = np.array([counters.get(key, 0) for key in keys] + [0], dtype=np.int64)
+            qoffs = np.where(advance, base[codes] + rank, 0)
+            for key, b, u in zip(keys, base.tolist(), used.tolist()):
+                if u:
+                    counters[key] = b + u
+            if stamp:
+                now = now_ms()
+                ts_list = [now] * n
+                hdr["store_timestamp"] = now
+            else:
+                ts_list = store_ts
+                hdr["store_timestamp"] = _column(store_ts)
+            hdr["queue_offset"] = qoffs
+            hdr["physical_offset"] = phys
+            heads = hdr.view(f"V{fixed}").tolist()
+            data = b"".join(itertools.chain.from_iterable(zip(heads, bodies, tblocks, plen_b, props_b)))
+            self._place(data, total)
+            self.last_store_timestamp = ts_list[-1]
+            self.last_record_offset = int(phys[-1])
+            if record_many is not None:
+                record_many(topics, distinct, qids, qoffs, phys, totals, sys_arr, ts_list,
+                            parsed, texts)
+        if len(store_set) == 1:
+            prefix = self._msg_id_prefix.get(store_hosts[0]) or offset_msg_id(store_hosts[0], 0)[:-16]
+            prefixes = itertools.repeat(prefix, n)
+        else:
+            prefixes = [offset_msg_id(h, 0)[:-16] for h in store_hosts]
+        return PutResults(phys, totals, qoffs, ts_list, prefixes)
 
     @property
     def current_segment(self) -> Segment | None:

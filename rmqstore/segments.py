@@ -228,7 +228,19 @@ OS_PAGE_SIZE = 4096
 
 def create_segment_file(path: Path | str, size: int) -> None:
     """A new segment of ``size`` zero bytes. The broker extends a new file by mapping it,
-    which leaves it sparse; ``ftruncate`` gives the same bytes (spec §2)."""
+    which leaves it sparse; ``ftruncate`` gives the same bytes (spec §2). A new file is
+    sized under a hidden name and then renamed, so a concurrent listing never sees it
+    with fewer than ``size`` bytes."""
+    path = Path(path)
+    if not path.exists():
+        tmp = path.with_name(f".{path.name}.new")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         if os.fstat(fd).st_size != size:

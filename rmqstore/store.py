@@ -130,6 +130,7 @@ class MessageStore:
         # What the fast put calls under the append lock for each record (dispatch).
         if dispatch == "sync":
             self._record = self.dispatcher.dispatch_record
+            self._record_many = self.dispatcher.dispatch_columns
         elif dispatch == "background":
             submit = self.background.submit
 
@@ -138,9 +139,18 @@ class MessageStore:
                     props = parse_properties(text)
                 submit([Appended(offset, size, topic, queue_id, queue_offset, sys_flag, ts, props)])
 
+            def many_to_background(topics, distinct, qids, qoffs, phys, sizes, sys_flags, ts,
+                                   props, texts):
+                if props is None:
+                    props = list(map(parse_properties, texts))
+                submit([Appended(o, s, t, q, qo, f, x, p) for o, s, t, q, qo, f, x, p in zip(
+                    phys.tolist(), sizes.tolist(), topics, qids.tolist(), qoffs.tolist(),
+                    sys_flags.tolist(), ts, props)])
+
             self._record = to_background
+            self._record_many = many_to_background
         else:
-            self._record = None
+            self._record = self._record_many = None
         self._sync_flush = self.flusher.sync
 
     def _find_end(self, queue: SegmentQueue) -> int:
@@ -196,6 +206,13 @@ class MessageStore:
         self._check_open()
         if not msgs:
             return []
+        if len(msgs) > 1:
+            results = self.appender.put_batch_message(msgs, stamp, self._record_many)
+            if results is not None:
+                if self._sync_flush and not self.flusher.wait_flushed(results.end):
+                    for r in results:
+                        r.status = PutStatus.FLUSH_DISK_TIMEOUT
+                return results
         preps = []
         for m in msgs:
             p = prepare(m, self.config)
