@@ -39,6 +39,7 @@ _TOTAL_SIZE = L.RECORD_TOTAL_SIZE_STRUCT
 _PROPS_LEN = L.RECORD_PROPERTIES_LENGTH_STRUCT
 _MAGIC_V1 = L.MAGIC_V1
 _TX_MASK = L.SYSFLAG_TRANSACTION_MASK
+_NAME_VALUE = L.PROPERTY_NAME_VALUE_SEPARATOR.join
 
 
 class PutStatus(str, enum.Enum):
@@ -437,7 +438,10 @@ class CommitLogAppender:
         if text is None:
             props = msg.properties
             if props:
-                text = "\x02".join([f"{k}\x01{v}" for k, v in props.items() if v is not None])
+                try:
+                    text = "\x02".join(map(_NAME_VALUE, props.items()))  # all str: C speed
+                except TypeError:  # a None (skipped) or non-str value
+                    text = "\x02".join([f"{k}\x01{v}" for k, v in props.items() if v is not None])
                 if text and self._trailing:
                     text += "\x02"
             else:
@@ -528,8 +532,10 @@ class CommitLogAppender:
         dtype = self._batch_dtypes[k]
         # Properties text, as prepare() makes it.
         if texts.count(None) == n:
-            texts = ["\x02".join([f"{a}\x01{v}" for a, v in p.items() if v is not None]) if p else ""
-                     for p in props]
+            try:
+                texts = ["\x02".join(map(_NAME_VALUE, p.items())) if p else "" for p in props]
+            except TypeError:  # a None (skipped) or non-str value somewhere
+                texts = [_props_text(p, False) for p in props]
             if self._trailing:
                 texts = [t + "\x02" if t else t for t in texts]
             parsed = props

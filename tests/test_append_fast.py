@@ -74,6 +74,7 @@ def test_fast_paths_write_the_general_paths_bytes(tmp_path, monkeypatch, version
     if uniform:  # batches as a broker makes them: one topic, v4 hosts, no text
         for m in msgs:
             m.topic, m.born_host, m.store_host, m.properties_text = "T", V4, V4, None
+            m.properties = {k: v for k, v in m.properties.items() if v is not None}
     rnd = random.Random(1)
     groups, i = [], 0
     while i < len(msgs):
