@@ -87,3 +87,13 @@ def store_expectations(scenario: str) -> dict:
     return dict(scenario=scenario, queues=m["queues"], queries=m["queries"],
                 checkpoint=m["checkpoint"], truncate_at=None, min_phy_offset=m["minPhyOffset"],
                 walk=m["commitlogWalk"], messages=m["messages"])
+
+
+def copy_store(src: Path, dst: Path) -> Path:
+    """A writable copy of a (read-only) fixture store."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    for p in [dst, *dst.rglob("*")]:
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    return dst

@@ -1,0 +1,91 @@
+"""verify on RocketMQ-written stores: clean where RocketMQ left a consistent store, and
+the documented findings on the crash copies (spec §10, fixtures README)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROCKETMQ_498, SCENARIOS, copy_store, scenario_params, store_expectations, tree_hashes
+from rmqstore.verify import CODES, ERROR, INFO, verify
+
+CLEAN = [s for s in SCENARIOS if not s.startswith("crash") or s in ("crash-recovered", "crash-torn-recovered")]
+
+# What the crash copies report, and why (docs/playbook.md):
+#   crash            abort present (abnormal recovery from 131072, index file deleted);
+#                    the preallocated zero segment is a note.
+#   crash-torn       also the torn last record (error), its CQ unit and index entries
+#                    past the end.
+#   crash-torn-tail  the zeroed properties pass §3.9 (RocketMQ keeps the record too) but
+#                    the CQ unit's tagsCode no longer matches the record: a real problem
+#                    RocketMQ's recovery misses, so crash-torn-tail-recovered reports it too.
+EXPECTED = {
+    "crash": {"abort-present"},
+    "crash-torn": {"abort-present", "commitlog-tail", "cq-beyond-end", "index-beyond-end"},
+    "crash-torn-tail": {"abort-present", "cq-tags-mismatch"},
+    "crash-torn-tail-recovered": {"cq-tags-mismatch"},
+}
+
+
+def _codes(report, severities=("error", "warning")):
+    return {f.code for f in report.findings if f.severity in severities}
+
+
+@pytest.mark.parametrize("scenario", scenario_params(CLEAN))
+def test_consistent_fixtures_are_clean(scenario):
+    before = tree_hashes(ROCKETMQ_498 / scenario)
+    r = verify(ROCKETMQ_498 / scenario, deep=True)
+    assert r.ok, [f for f in r.problems]
+    exp = store_expectations(scenario)
+    assert r.end == (exp["truncate_at"] or max(w["offset"] + w["size"] for w in exp["walk"] if w["type"] == "MESSAGE"))
+    assert r.messages == sum(w["type"] == "MESSAGE" for w in exp["walk"])
+    assert tree_hashes(ROCKETMQ_498 / scenario) == before
+
+
+@pytest.mark.parametrize("scenario", scenario_params(sorted(EXPECTED)))
+def test_crash_fixtures_report_their_damage(scenario):
+    r = verify(ROCKETMQ_498 / scenario, deep=True)
+    assert not r.ok
+    assert _codes(r) == EXPECTED[scenario]
+    if scenario.startswith("crash") and not scenario.endswith("recovered"):
+        assert r.forecast.mode == "abnormal"
+        assert r.forecast.start_offset == 131072  # fixtures README: file 131072
+        assert r.forecast.index_files_deleted == ["20261122042611140"]
+
+
+def test_torn_tail_is_located_exactly(fixtures_root):
+    r = verify(fixtures_root / "crash-torn")
+    tail = next(f for f in r.findings if f.code == "commitlog-tail")
+    # fixtures README: record at 464829 (1716 B) zeroed from 465687 to 466545.
+    assert (tail.file, tail.offset, tail.data["kind"]) == ("commitlog/00000000000000458752", 464829 - 458752, "torn")
+    assert tail.severity == ERROR and r.end == 464829
+    cq = next(f for f in r.findings if f.code == "cq-beyond-end")
+    assert (cq.file, cq.offset, cq.data["queueOffset"]) == ("consumequeue/TopicHot/0/00000000000000002560", (159 - 128) * 20, 159)
+
+
+def test_recovered_torn_store_notes_rocketmqs_leftovers(fixtures_root):
+    r = verify(fixtures_root / "crash-torn-recovered")
+    notes = {f.code for f in r.findings if f.severity == INFO}
+    assert {"commitlog-debris", "cq-stale-unit", "commitlog-end"} <= notes
+
+
+def test_every_code_is_documented():
+    assert all(sev in ("error", "warning", "info") for sev, _ in CODES.values())
+
+
+@pytest.mark.parametrize("scenario", scenario_params(["basic", "crash-torn"]))
+def test_cli_exit_codes_and_json(scenario, tmp_path):
+    store = ROCKETMQ_498 / scenario
+    before = tree_hashes(store)
+    p = subprocess.run([sys.executable, "-m", "cli.main", "verify", str(store), "-f", "json"],
+                       capture_output=True, text=True, timeout=120)
+    doc = json.loads(p.stdout)
+    assert p.returncode == (0 if scenario == "basic" else 1), p.stderr
+    assert doc["ok"] is (scenario == "basic") and doc["validUpTo"] > 0
+    assert tree_hashes(store) == before
+    bad = subprocess.run([sys.executable, "-m", "cli.main", "verify", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
