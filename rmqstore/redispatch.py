@@ -102,23 +102,24 @@ def span_hash(u8: np.ndarray, pos: np.ndarray, length: np.ndarray) -> np.ndarray
     units = length.astype(np.int64).copy()
     if n == 0:
         return h, units
-    order = np.argsort(-length, kind="stable")
-    lens = length[order]
-    fast_n = int(np.searchsorted(-lens, -_FAST_MAX, side="left"))  # first with len <= MAX
-    slow = list(order[:fast_n])
-    idx = order[fast_n:]
-    p = pos[idx]
-    hh = np.zeros(len(idx), np.uint32)
-    high = np.zeros(len(idx), bool)
-    lens = lens[fast_n:]
-    maxlen = int(lens[0]) if len(lens) else 0
-    for j in range(maxlen):
-        k = int(np.searchsorted(-lens, -j, side="left"))  # spans longer than j: a prefix
-        b = u8[p[:k] + j]
-        hh[:k] = hh[:k] * np.uint32(31) + b
-        high[:k] |= b >= 0x80
-    h[idx] = hh
-    slow.extend(idx[high].tolist())
+    fast = np.flatnonzero(length <= _FAST_MAX)
+    slow = np.flatnonzero(length > _FAST_MAX).tolist()
+    if len(fast):
+        # One 2-D gather of the (short) spans, then Horner's rule column by column: the
+        # bytes are read once, in order, instead of once per column from the whole buffer.
+        ln = length[fast]
+        width = int(ln.max())
+        cols_ = np.arange(width, dtype=np.int64)
+        at = np.minimum(pos[fast][:, None] + cols_, len(u8) - 1)
+        m = u8[at]
+        inside = cols_ < ln[:, None]
+        m[~inside] = 0
+        hh = np.zeros(len(fast), np.uint32)
+        for j in range(width):
+            step = hh * np.uint32(31) + m[:, j]
+            hh = np.where(inside[:, j], step, hh)
+        h[fast] = hh
+        slow.extend(fast[(m >= 0x80).any(axis=1)].tolist())
     for i in slow:
         s = u8[int(pos[i]):int(pos[i] + length[i])].tobytes().decode("utf-8", "replace")
         h[i] = java_hash(s) & 0xFFFFFFFF
