@@ -115,7 +115,7 @@ def repair(
     _show_steps(plan, out)
     if not plan.steps:
         if out is Format.table:
-            typer.echo("nothing to repair", err=True)
+            typer.echo(f"nothing to repair: {plan.store} is consistent")
         raise typer.Exit(EXIT_OK)
     if dry_run:
         raise typer.Exit(EXIT_PROBLEMS)

@@ -101,6 +101,6 @@ def test_cli_dry_run_confirmation_and_lock(fixtures_root, tmp_path):
     ok = _cli("repair", store, "--yes", "--no-backup")
     assert ok.returncode == 0, ok.stderr
     assert _cli("verify", store).returncode == 0
-    again = _cli("repair", store, "--yes")
-    assert again.returncode == 0 and again.stdout.strip() == ""
+    again = _cli("repair", store, "--yes", "-f", "table")
+    assert again.returncode == 0 and "nothing to repair" in again.stdout
     assert "Traceback" not in ok.stderr + refused.stderr + locked.stderr
