@@ -109,13 +109,22 @@ def test_format_table_json_jsonl_wherever_results_are_listed():
             if fmt == "json":
                 json.loads(out.stdout)
             elif fmt == "jsonl":
-                for line in out.stdout.splitlines():
-                    try:
-                        json.loads(line)
-                    except ValueError:
-                        pytest.fail(f"{' '.join(path)} --format jsonl: not one JSON value per line: {line[:60]!r}")
+                pass  # one value per line: test_jsonl_is_one_json_value_per_line
             else:
                 assert out.stdout.strip() and not out.stdout.lstrip().startswith(("{", "["))
+
+
+def test_jsonl_is_one_json_value_per_line():
+    """JSON Lines means every line parses on its own, for single-object results too
+    (``jq -c``-style), so piped output can be processed line by line."""
+    for path, args in LISTING.items():
+        out = rmq(*path[1:], *args, "--format", "jsonl")
+        assert out.returncode == 0, (path, out.stderr)
+        for line in out.stdout.splitlines():
+            try:
+                json.loads(line)
+            except ValueError:
+                pytest.fail(f"{' '.join(path)} --format jsonl: not one JSON value per line: {line[:60]!r}")
 
 
 def test_piped_output_is_plain_and_stable():
