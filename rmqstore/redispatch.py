@@ -105,26 +105,35 @@ def span_hash(u8: np.ndarray, pos: np.ndarray, length: np.ndarray) -> np.ndarray
     fast = np.flatnonzero(length <= _FAST_MAX)
     slow = np.flatnonzero(length > _FAST_MAX).tolist()
     if len(fast):
-        # One 2-D gather of the (short) spans, then Horner's rule column by column: the
-        # bytes are read once, in order, instead of once per column from the whole buffer.
+        # One gather of the short spans *right-aligned* into a (width, n) matrix: leading
+        # zeros leave Horner's rule at 0, so each column is one multiply-add, no masks.
         ln = length[fast]
         width = int(ln.max())
-        cols_ = np.arange(width, dtype=np.int64)
-        at = np.minimum(pos[fast][:, None] + cols_, len(u8) - 1)
+        shift = np.arange(width, dtype=np.int64)[:, None] - (width - ln)[None, :]
+        at = pos[fast][None, :] + shift
+        pad = shift < 0
+        at[pad] = 0
         m = u8[at]
-        inside = cols_ < ln[:, None]
-        m[~inside] = 0
+        m[pad] = 0
         hh = np.zeros(len(fast), np.uint32)
         for j in range(width):
-            step = hh * np.uint32(31) + m[:, j]
-            hh = np.where(inside[:, j], step, hh)
+            hh *= np.uint32(31)
+            hh += m[j]
         h[fast] = hh
-        slow.extend(fast[(m >= 0x80).any(axis=1)].tolist())
+        slow.extend(fast[(m >= 0x80).any(axis=0)].tolist())
     for i in slow:
         s = u8[int(pos[i]):int(pos[i] + length[i])].tobytes().decode("utf-8", "replace")
         h[i] = java_hash(s) & 0xFFFFFFFF
         units[i] = len(s.encode("utf-16-be", "surrogatepass")) // 2
     return h, units
+
+
+def sorted_isin(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """``np.isin`` for a sorted ``sorted_set`` by binary search (no hashing or sorting)."""
+    if not len(sorted_set):
+        return np.zeros(len(values), bool)
+    i = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
+    return sorted_set[i] == values
 
 
 def _signed(h: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ import numpy as np
 from . import layout as L
 from .consumequeue import UNIT, ConsumeQueue, list_queues
 from .errors import RmqStoreError
+from .redispatch import sorted_isin
 
 _EMPTY = np.zeros(0, np.int64)
 
@@ -125,7 +126,7 @@ def _check_queue(c, fs, key, st, exp, valid_off, end, min_offset, debris, reput_
     hit[hit] = ephy[idx[hit]] == off[inside][hit]
     miss = inside[~hit]
     if len(miss):
-        known = np.isin(off[miss], valid_off)
+        known = sorted_isin(off[miss], valid_off)
         for mask, code, why in ((known, "cq-mismatch", "point at valid records of another queue "
                                  "or at records that get no unit (PREPARED/ROLLBACK)"),
                                 (~known, "cq-bad-pointer", "point where no valid record starts")):

@@ -18,6 +18,7 @@ import numpy as np
 from . import layout as L
 from .errors import RmqStoreError
 from .index import IndexFile, IndexGeometry
+from .redispatch import sorted_isin
 
 
 def _files(c, index_dir: Path, geometry: IndexGeometry) -> list[IndexFile]:
@@ -110,7 +111,7 @@ def _check_file(c, f: IndexFile, valid_off, end: int, min_offset: int) -> None:
                   f"{len(beyond)} entr(y/ies) point at or past the CommitLog end {end} (first "
                   f"-> {int(phy[beyond[0]])}); repair rebuilds the file", count=len(beyond))
         inside = (phy < end) & (phy >= min_offset)
-        nowhere = np.flatnonzero(inside & ~np.isin(phy, valid_off))
+        nowhere = np.flatnonzero(inside & ~sorted_isin(phy, valid_off))
         if len(nowhere):
             c.add("index-bad-pointer", f.path, entry_at(int(nowhere[0]) + 1),
                   f"{len(nowhere)} entr(y/ies) point where no valid record starts (first -> "
@@ -206,11 +207,12 @@ def check_index(c, root: Path, cfg, scan, d, *, deep: bool = False) -> None:
     geometry = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
     files = _files(c, index_dir, geometry)
     try:
-        valid_off = scan.records("physical_offset")
+        valid_off = scan.records("offset")  # positions: sorted (PHYSICALOFFSET is checked apart)
         min_offset = int(scan.parts[0].start) if scan.parts else 0
         for f in files:
             _check_file(c, f, valid_off, scan.end, min_offset)
-        keyed = np.unique(d.key_offset)
+        ko = d.key_offset  # CommitLog order: sorted, so unique is a diff
+        keyed = ko[np.r_[True, ko[1:] != ko[:-1]]] if len(ko) else ko
         _coverage(c, files, keyed, min_offset, index_dir)
         if deep:
             _deep(c, files, d, scan.end, index_dir)
