@@ -104,23 +104,28 @@ def span_hash(u8: np.ndarray, pos: np.ndarray, length: np.ndarray) -> np.ndarray
         return h, units
     fast = np.flatnonzero(length <= _FAST_MAX)
     slow = np.flatnonzero(length > _FAST_MAX).tolist()
-    if len(fast):
-        # One gather of the short spans *right-aligned* into a (width, n) matrix: leading
-        # zeros leave Horner's rule at 0, so each column is one multiply-add, no masks.
-        ln = length[fast]
+    lo = 0
+    for hi in (8, 16, 32, 64, _FAST_MAX):  # width classes: padding stays under 2x
+        sel = fast[(length[fast] > lo) & (length[fast] <= hi)]
+        lo = hi
+        if not len(sel):
+            continue
+        # One gather of the spans *right-aligned* into a (width, n) matrix: leading zeros
+        # leave Horner's rule at 0, so each column is one multiply-add, no masks.
+        ln = length[sel]
         width = int(ln.max())
         shift = np.arange(width, dtype=np.int64)[:, None] - (width - ln)[None, :]
-        at = pos[fast][None, :] + shift
+        at = pos[sel][None, :] + shift
         pad = shift < 0
         at[pad] = 0
         m = u8[at]
         m[pad] = 0
-        hh = np.zeros(len(fast), np.uint32)
+        hh = np.zeros(len(sel), np.uint32)
         for j in range(width):
             hh *= np.uint32(31)
             hh += m[j]
-        h[fast] = hh
-        slow.extend(fast[(m >= 0x80).any(axis=0)].tolist())
+        h[sel] = hh
+        slow.extend(sel[(m >= 0x80).any(axis=0)].tolist())
     for i in slow:
         s = u8[int(pos[i]):int(pos[i] + length[i])].tobytes().decode("utf-8", "replace")
         h[i] = java_hash(s) & 0xFFFFFFFF
