@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from rmqstore import stats as STATS
 from rmqstore import layout as L
 from rmqstore import splits as S
+from rmqstore import arrowview as AV
 from rmqstore.codec import Host, Message, decode_record, encode_record
 
 from conftest import MESSAGE_SCENARIOS, ROCKETMQ_498, manifest
@@ -225,7 +226,7 @@ def test_arrow_rows_equal_manifest(scenario):
 
     def task(s):
         with S.open_split(s) as sc:
-            return sc.boundary, S.decode_arrow(sc.records, root).to_pylist()
+            return sc.boundary, AV.decode_arrow(sc.records, root).to_pylist()
 
     _, payloads = S.run_local(S.plan_splits([root], 3001), task)
     rows = [r for sid in sorted(payloads) for r in payloads[sid]]
@@ -255,7 +256,7 @@ def test_properties_parsing_matches_codec():
 
     texts = ["", "\x02", "a\x01b", "a\x01b\x02", "a\x01b\x02\x02", "\x01b\x02c\x01d", "a\x01\x02b\x01c",
              "a\x01b\x01c\x02a\x01z", "k\x01v\x02k\x01w\x02k\x01x\x02", "é\x01😀\x02x\x01y", "abc", "a\x01b\x02c"]
-    p = S.parse_properties_many(pa.array(texts, pa.string()))
+    p = AV.parse_properties_many(pa.array(texts, pa.string()))
     m = p.map_array().to_pylist()
     for i, t in enumerate(texts):
         ref = parse_properties(t)
@@ -292,7 +293,7 @@ def test_implied_units_equal_manifest_cq():
 
         def task(s):
             with S.open_split(s) as sc:
-                return sc.boundary, S.implied_units(sc.records).to_pylist()
+                return sc.boundary, AV.implied_units(sc.records).to_pylist()
 
         _, payloads = S.run_local(S.plan_splits([root], 5000), task)
         got = {}

@@ -26,6 +26,8 @@ from pyspark.sql import types as T
 
 from .. import splits as S
 
+from .. import arrowview as AV
+
 from .. import stats as ST
 from . import audit as A
 from . import output as O
@@ -165,11 +167,11 @@ def _export_spark_writer(spark, splits, out, partition_by, body, progress) -> O.
     progress(f"boundaries: {len(splits)} splits")
     st, replaced = boundaries(spark, splits)
     todo = _exact(splits, st, replaced)
-    schema = S.ARROW_SCHEMA()
+    schema = AV.ARROW_SCHEMA()
 
     def task(split, attempt):
         with S.open_split(split) as sc:
-            yield from S.iter_batches(sc.records, split.store, body=body)
+            yield from AV.iter_batches(sc.records, split.store, body=body)
 
     progress(f"export (Spark writer): {len(todo)} splits")
     # re-number so task i reads todo[i]
@@ -270,7 +272,7 @@ def _units_batch(split: S.Split, b: S.Boundary, units, delay=None):
 def _units_task(delay_by_store):
     def task(split, attempt):
         with S.open_split(split) as sc:
-            units = S.implied_units(sc.records, delay_by_store[split.store])
+            units = AV.implied_units(sc.records, delay_by_store[split.store])
             yield from _units_batch(split, sc.boundary, units)
     return task
 
@@ -292,7 +294,7 @@ def _implied(spark, stores, split_size, progress) -> tuple[DataFrame, S.Stitched
 
     def again(s):
         with S.open_split(s) as sc:
-            extra[s.split_id] = _units_batch(s, sc.boundary, S.implied_units(sc.records, delay[s.store]))
+            extra[s.split_id] = _units_batch(s, sc.boundary, AV.implied_units(sc.records, delay[s.store]))
             return sc.boundary
 
     progress("checking split chain")

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from .. import splits as S
+
+from .. import arrowview as AV
 from ..errors import InputError
 
 #: Characters Spark escapes in partition directory names (ExternalCatalogUtils), so Spark
@@ -88,7 +90,7 @@ def write_split(split: S.Split, job: ExportJob, attempt: str, *, replace: bool =
     att = posixpath.join(temp, f"attempt-{split.split_id:06d}-{attempt}")
     fs.create_dir(att)
     writers: dict[str, pq.ParquetWriter] = {}
-    schema = S.ARROW_SCHEMA()
+    schema = AV.ARROW_SCHEMA()
     part_schema = schema.remove(schema.get_field_index("topic")) if job.partition_by else schema
 
     def writer(key: str):
@@ -104,7 +106,7 @@ def write_split(split: S.Split, job: ExportJob, attempt: str, *, replace: bool =
     try:
         with S.open_split(split) as sc:
             boundary = sc.boundary
-            for batch in S.iter_batches(sc.records, split.store, body=job.body, rows=job.rows_per_group):
+            for batch in AV.iter_batches(sc.records, split.store, body=job.body, rows=job.rows_per_group):
                 if not job.partition_by:
                     writer("").write_batch(batch)
                     continue
