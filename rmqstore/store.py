@@ -151,6 +151,14 @@ class MessageStore:
             self._record_many = many_to_background
         else:
             self._record = self._record_many = None
+        # The columnar batch (rmqstore.columns_put): dispatch from the columns.
+        from . import columns_put
+        if dispatch == "sync":
+            self._columns_record = lambda c: columns_put.dispatch_columns(self.dispatcher, c)
+        elif dispatch == "background":
+            self._columns_record = lambda c: self.background.submit(c.appended())
+        else:
+            self._columns_record = None
         self._sync_flush = self.flusher.sync
 
     def _find_end(self, queue: SegmentQueue) -> int:
@@ -229,6 +237,18 @@ class MessageStore:
             self._after(records)
         self._wait_flush(results, True)
         return results
+
+    def put_columns(self, batch=None, /, *, stamp: bool = False, **columns):
+        """:meth:`put_batch` for a batch given as columns: a
+        :class:`~rmqstore.columns_put.MessageBatch`, or its fields as keywords (``topic``,
+        ``bodies``, ``queue_ids``, ``properties``, ...). Same bytes, results and dispatch
+        as ``put_batch(batch.messages())``, without a Message object per message."""
+        from .columns_put import MessageBatch, put_columns
+        if batch is None:
+            batch = MessageBatch(**columns)
+        elif columns:
+            raise TypeError("give a MessageBatch or keyword columns, not both")
+        return put_columns(self, batch, stamp=stamp)
 
     # --- state ---------------------------------------------------------------------------
 

@@ -1,0 +1,593 @@
+"""Columnar batch put: a regular batch (spec §3.7) given as columns, not Message objects.
+
+:class:`MessageBatch` holds one batch as columns: the bodies, the queue ids, the
+properties as an ordered mapping of name to a constant or a per-message column (TAGS,
+KEYS, UNIQ_KEY, ...), or pre-serialised properties texts, and the fixed fields as scalars
+or arrays. :meth:`rmqstore.store.MessageStore.put_columns` writes it with the bytes,
+queue offsets, statuses and dispatch of :meth:`~rmqstore.store.MessageStore.put_batch`
+given :meth:`MessageBatch.messages` (the equivalent Message list), without making a
+Python object per message:
+
+* properties texts come from one C-level join of the template's constant pieces and the
+  columns' values, encoded once and split back per message (the separator is checked
+  to occur nowhere else);
+* the fixed fields are one ``RECORD_FIXED_DTYPE`` array (a template row copied, then the
+  varying columns), records are joined once and copied into the segment with one write;
+* BODYCRC is ``zlib.crc32`` per body (the store computes it; nothing is taken on trust);
+* dispatch reads TAGS/KEYS/UNIQ_KEY from the columns: tagsCodes hashed once per distinct
+  tag, CQ units of each queue written as one dense block, index keys hashed per token
+  length from the topic's ``topic#`` prefix hash and put with ``IndexService.put_hashes``.
+
+Anything unusual (a refused message, magic v2, a SCHEDULE_TOPIC delay, mixed host
+widths, properties over 16 KiB, bodies over maxMessageSize) takes put_batch with the
+equivalent messages, so results never depend on which path ran.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import layout as L
+from .append import Appended, PutResults, now_ms
+from .codec import SCHEDULE_TOPIC, Host, Message, offset_msg_id, parse_properties
+
+_DEFAULT_BORN = Message.__dataclass_fields__["born_host"].default
+_DEFAULT_STORE = Message.__dataclass_fields__["store_host"].default
+_PROPS_LEN = L.RECORD_PROPERTIES_LENGTH_STRUCT
+_HOST_BITS = L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6
+_TX_MASK = L.SYSFLAG_TRANSACTION_MASK
+_CQ_UNIT = L.CQ_UNIT_SIZE
+_SEP = L.PROPERTY_SEPARATOR
+_NV = L.PROPERTY_NAME_VALUE_SEPARATOR
+_FAST_PROPS_MAX = 16383  # below this neither §3.6 properties rule can apply
+
+
+def _is_scalar(v) -> bool:
+    return isinstance(v, (int, np.integer))
+
+
+@dataclass
+class MessageBatch:
+    """One regular batch as columns. Each numeric field is a scalar (every message) or a
+    sequence/array with one value per message.
+
+    ``properties`` maps names, in order, to a ``str`` (every message) or a sequence with
+    one ``str`` or ``None`` (no such property) per message; ``properties_texts`` instead
+    gives each message's stored text (then ``properties`` must be empty). ``bodies`` is a
+    sequence of bytes, or one ``bytes`` blob cut at ``body_offsets`` (n + 1 offsets).
+    ``topic`` is one topic or one per message.
+    """
+
+    topic: str | Sequence[str]
+    bodies: Sequence[bytes] | bytes
+    queue_ids: int | Sequence[int] = 0
+    properties: Mapping[str, Any] = field(default_factory=dict)
+    properties_texts: Sequence[str] | None = None
+    body_offsets: Sequence[int] | None = None
+    flag: int | Sequence[int] = 0
+    sys_flag: int | Sequence[int] = 0
+    born_timestamp: int | Sequence[int] = 0
+    store_timestamp: int | Sequence[int] = 0
+    reconsume_times: int | Sequence[int] = 0
+    prepared_transaction_offset: int | Sequence[int] = 0
+    born_host: Host = _DEFAULT_BORN
+    store_host: Host = _DEFAULT_STORE
+
+    def __post_init__(self):
+        if isinstance(self.bodies, (bytes, bytearray, memoryview)):
+            if self.body_offsets is None:
+                raise ValueError("a bodies blob needs body_offsets (n + 1 offsets)")
+            blob = bytes(self.bodies)
+            offs = np.asarray(self.body_offsets, dtype=np.int64).tolist()
+            self.bodies = [blob[a:b] for a, b in zip(offs, offs[1:])]
+        elif self.body_offsets is not None:
+            raise ValueError("body_offsets go with a bodies blob")
+        n = len(self.bodies)
+        if self.properties_texts is not None:
+            if self.properties:
+                raise ValueError("give properties or properties_texts, not both")
+            if len(self.properties_texts) != n:
+                raise ValueError("properties_texts needs one text per message")
+        for name, v in self.properties.items():
+            if not isinstance(v, str) and len(v) != n:
+                raise ValueError(f"property column {name!r} has {len(v)} values for {n} messages")
+        if not isinstance(self.topic, str) and len(self.topic) != n:
+            raise ValueError("topic needs one value per message")
+        for name in ("queue_ids", "flag", "sys_flag", "born_timestamp", "store_timestamp",
+                     "reconsume_times", "prepared_transaction_offset"):
+            v = getattr(self, name)
+            if not _is_scalar(v) and len(v) != n:
+                raise ValueError(f"{name} needs one value per message")
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+    def _values(self, name: str) -> list:
+        v = getattr(self, name)
+        n = len(self)
+        return [int(v)] * n if _is_scalar(v) else np.asarray(v, dtype=np.int64).tolist()
+
+    def messages(self) -> list[Message]:
+        """The equivalent messages: what :meth:`MessageStore.put_batch` would be given."""
+        n = len(self)
+        topics = [self.topic] * n if isinstance(self.topic, str) else list(self.topic)
+        if self.properties_texts is not None:
+            texts = list(self.properties_texts)
+            props = [parse_properties(t) for t in texts]
+        else:
+            texts = [None] * n
+            cols = [(k, itertools.repeat(v, n) if isinstance(v, str) else v)
+                    for k, v in self.properties.items()]
+            names = [k for k, _ in cols]
+            rows = zip(*[c for _, c in cols]) if cols else itertools.repeat((), n)
+            props = [{k: v for k, v in zip(names, row) if v is not None} for row in rows]
+        fields = [self._values(f) for f in ("queue_ids", "flag", "sys_flag", "born_timestamp",
+                                            "store_timestamp", "reconsume_times",
+                                            "prepared_transaction_offset")]
+        return [Message(topic=t, body=b if b is not None else b"", properties=p, queue_id=q,
+                        flag=fl, sys_flag=sf, born_timestamp=bt, store_timestamp=st,
+                        reconsume_times=rt, prepared_transaction_offset=pt,
+                        born_host=self.born_host, store_host=self.store_host,
+                        properties_text=tx)
+                for t, b, p, tx, q, fl, sf, bt, st, rt, pt in zip(
+                    topics, self.bodies, props, texts, *fields)]
+
+
+# --- properties ------------------------------------------------------------------------
+
+
+def _template(properties: Mapping[str, Any], trailing: bool):
+    """(constant pieces, columns) so text_i = c0 + col1[i] + c1 + ... + colk[i] + ck,
+    valid when no column holds None."""
+    consts, cols, acc, first = [], [], "", True
+    for name, v in properties.items():
+        acc += ("" if first else _SEP) + name + _NV
+        first = False
+        if isinstance(v, str):
+            acc += v
+        else:
+            consts.append(acc)
+            cols.append(v)
+            acc = ""
+    if not first and trailing:
+        acc += _SEP
+    consts.append(acc)
+    return consts, cols
+
+
+def _texts_generic(properties: Mapping[str, Any], n: int, trailing: bool) -> list[str]:
+    """Per message, exactly as put_batch serialises a properties dict (None skipped)."""
+    names = list(properties)
+    cols = [itertools.repeat(v, n) if isinstance(v, str) else v for v in properties.values()]
+    out = []
+    for row in (zip(*cols) if cols else itertools.repeat((), n)):
+        text = _SEP.join([f"{k}{_NV}{v}" for k, v in zip(names, row) if v is not None])
+        out.append(text + _SEP if text and trailing else text)
+    return out
+
+
+def _encode_texts(texts: list[str]) -> list[bytes]:
+    try:
+        return list(map(str.encode, texts))
+    except UnicodeEncodeError:
+        return [t.encode("utf-8", "replace") for t in texts]
+
+
+def properties_bytes(properties: Mapping[str, Any], n: int, trailing: bool) -> list[bytes]:
+    """Each message's properties text as stored, UTF-8 encoded; for ``str`` values with
+    no ``None`` one C-level join + encode + split, else message by message."""
+    consts, cols = _template(properties, trailing)
+    if not cols:
+        b = consts[0].encode("utf-8", "replace")
+        return [b] * n
+    if n and not any(None in c for c in cols):
+        sep = "\x00"
+        # c0 + v1 + c1 + ... + vk + (ck + sep + c0) for every message, the last cut off.
+        glue = consts[-1] + sep + consts[0]
+        pieces = [itertools.repeat(c, n) for c in consts[1:-1]]
+        parts = [None] * (2 * len(cols))
+        parts[0::2] = cols
+        parts[1::2] = pieces + [itertools.repeat(glue, n)]
+        try:
+            full = "".join(itertools.chain.from_iterable(zip(*parts)))
+            data = (consts[0] + full[:len(full) - len(glue)] + consts[-1]).encode()
+        except (TypeError, UnicodeEncodeError):
+            data = None  # a value that is not a str, or not encodable: message by message
+        if data is not None:
+            out = data.split(b"\x00")
+            if len(out) == n:
+                return out
+    return _encode_texts(_texts_generic(properties, n, trailing))
+
+
+# --- the fast put ----------------------------------------------------------------------
+
+
+def _int_column(v, n: int):
+    """A scalar stays a Python int; a column becomes int64 (a scalar if all equal)."""
+    if _is_scalar(v):
+        return int(v)
+    a = np.asarray(v, dtype=np.int64)
+    if n and a.min() == a.max():
+        return int(a[0])
+    return a
+
+
+_header_templates: dict = {}
+
+
+def _fallback(store, batch: MessageBatch, stamp: bool):
+    return store.put_batch(batch.messages(), stamp=stamp)
+
+
+def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
+    """:meth:`MessageStore.put_columns`: see the module docstring."""
+    store._check_open()
+    n = len(batch)
+    if n == 0:
+        return []
+    a = store.appender
+    # --- checks that send the batch the general way --------------------------------------
+    topic = batch.topic
+    single = isinstance(topic, str)
+    distinct = {topic} if single else set(topic)
+    if SCHEDULE_TOPIC in distinct:
+        return _fallback(store, batch, stamp)
+    blocks = {}
+    for t in distinct:
+        entry = a._topics.get(t) or a._topic_entry(t)
+        if entry is None or entry[0] != L.MAGIC_V1:
+            return _fallback(store, batch, stamp)
+        blocks[t] = entry[1]
+    born, st_host = batch.born_host, batch.store_host
+    k = (len(born[0]) == 16) + 2 * (len(st_host[0]) == 16)
+    fixed, _, host_bits = a._fixed[k]
+    dtype = a._batch_dtypes[k]
+    bodies = batch.bodies
+    if None in bodies:
+        bodies = [b if b is not None else b"" for b in bodies]
+    blens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+    if int(blens.max()) > a._max_body:
+        return _fallback(store, batch, stamp)
+    trailing = a._trailing
+    if batch.properties_texts is not None:
+        texts = list(batch.properties_texts)
+        props_b = _encode_texts(texts)
+    else:
+        texts = None
+        props_b = properties_bytes(batch.properties, n, trailing)
+    plens = np.fromiter(map(len, props_b), dtype=np.int64, count=n)
+    if int(plens.max()) > _FAST_PROPS_MAX:
+        return _fallback(store, batch, stamp)
+    if single:
+        tblock = blocks[topic]
+        tlens = len(tblock)
+        pre = {pl: tblock + _PROPS_LEN.pack(pl) for pl in np.unique(plens).tolist()}
+        tps = list(map(pre.__getitem__, plens.tolist()))
+        topics = None
+    else:
+        topics = list(topic)
+        tps = [blocks[t] + _PROPS_LEN.pack(pl) for t, pl in zip(topics, plens.tolist())]
+        tlens = np.fromiter(map(len, tps), dtype=np.int64, count=n) - 2
+    totals = fixed + blens + tlens + 2 + plens
+    total = int(totals.sum())
+    if int(totals.max()) > a._max_total or total + L.END_FILE_MIN_BLANK_LENGTH > a.size:
+        return _fallback(store, batch, stamp)
+    # --- the fixed fields -------------------------------------------------------------------
+    crcs = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n)
+    crcs &= 0x7FFFFFFF
+    sys_flag = _int_column(batch.sys_flag, n)
+    sys_arr = (sys_flag & ~_HOST_BITS) | host_bits
+    tx = sys_arr & _TX_MASK
+    qids = _int_column(batch.queue_ids, n)
+    if isinstance(tx, int):
+        advance = tx != L.TRANSACTION_PREPARED and tx != L.TRANSACTION_ROLLBACK
+        advance_arr = None
+    else:
+        advance_arr = (tx != L.TRANSACTION_PREPARED) & (tx != L.TRANSACTION_ROLLBACK)
+        advance = None
+    # Queue keys and each message's rank within its queue (consecutive queue offsets).
+    if single:
+        q = np.broadcast_to(np.asarray(qids, dtype=np.int64), (n,))
+        if isinstance(qids, int):
+            codes = np.zeros(n, dtype=np.int64)
+            keys = [(topic, qids)]
+        else:
+            lo, hi = int(q.min()), int(q.max())
+            if lo >= 0 and hi < 1 << 20:
+                present = np.flatnonzero(np.bincount(q, minlength=hi + 1))
+                lut = np.empty(hi + 1, dtype=np.int64)
+                lut[present] = np.arange(len(present))
+                codes = lut[q]
+                keys = [(topic, x) for x in present.tolist()]
+            else:
+                uq, codes = np.unique(q, return_inverse=True)
+                keys = [(topic, x) for x in uq.tolist()]
+    else:
+        q = np.broadcast_to(np.asarray(qids, dtype=np.int64), (n,))
+        kmap: dict = {}
+        codes = np.fromiter((kmap.setdefault(x, len(kmap)) for x in zip(topics, q.tolist())),
+                            dtype=np.int64, count=n)
+        keys = list(kmap)
+    nk = len(keys)
+    if advance is False:
+        codes = np.full(n, nk, dtype=np.int64)
+    elif advance_arr is not None:
+        codes = np.where(advance_arr, codes, nk)
+    if nk == 1 and advance is True:
+        order = None
+        used = np.array([n], dtype=np.int64)
+        rank = np.arange(n, dtype=np.int64)
+    else:
+        order = np.argsort(codes, kind="stable")
+        counts = np.bincount(codes, minlength=nk + 1)
+        gstart = np.cumsum(counts) - counts
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n, dtype=np.int64) - gstart[codes[order]]
+        used = counts[:nk]
+    rel = np.cumsum(totals)
+    rel -= totals
+    tkey = (k, batch.flag, batch.born_timestamp, born, st_host, batch.reconsume_times,
+            batch.prepared_transaction_offset) if all(
+        _is_scalar(v) for v in (batch.flag, batch.born_timestamp, batch.reconsume_times,
+                                batch.prepared_transaction_offset)) else None
+    row = _header_templates.get(tkey) if tkey is not None else None
+    hdr = np.empty(n, dtype=dtype)
+    if row is None:
+        row = np.zeros(1, dtype=dtype)
+        row["magic"] = L.MAGIC_V1
+        for name in ("born_host", "store_host"):
+            h = born if name == "born_host" else st_host
+            row[name + "_address"] = np.frombuffer(h[0], dtype=np.uint8)
+            row[name + "_port"] = h[1]
+        if tkey is not None:
+            row["flag"] = batch.flag
+            row["born_timestamp"] = batch.born_timestamp
+            row["reconsume_times"] = batch.reconsume_times
+            row["prepared_transaction_offset"] = batch.prepared_transaction_offset
+            if len(_header_templates) > 64:
+                _header_templates.clear()
+            _header_templates[tkey] = row
+    hdr[:] = row
+    if tkey is None:
+        for name, v in (("flag", batch.flag), ("born_timestamp", batch.born_timestamp),
+                        ("reconsume_times", batch.reconsume_times),
+                        ("prepared_transaction_offset", batch.prepared_transaction_offset)):
+            hdr[name] = _int_column(v, n)
+    hdr["total_size"] = totals
+    hdr["body_crc"] = crcs
+    hdr["queue_id"] = qids
+    hdr["sys_flag"] = sys_arr
+    hdr["body_length"] = blens
+    if not stamp:
+        store_ts = _int_column(batch.store_timestamp, n)
+        hdr["store_timestamp"] = store_ts
+    # --- under the append lock: offsets, timestamps, bytes, dispatch ---------------------
+    record = store._columns_record
+    with a.lock:
+        start = a.reserve(total)
+        phys = rel + start
+        counters = a.queue_offsets
+        base = np.array([counters.get(key, 0) for key in keys] + [0], dtype=np.int64)
+        for key, b, u in zip(keys, base[:nk].tolist(), used.tolist()):
+            if u:
+                counters[key] = b + u
+        if advance is True:
+            qoffs = base[codes] + rank
+        elif advance is False:
+            qoffs = np.zeros(n, dtype=np.int64)
+        else:
+            qoffs = np.where(advance_arr, base[codes] + rank, 0)
+        if stamp:
+            store_ts = now_ms()
+            hdr["store_timestamp"] = store_ts
+        hdr["queue_offset"] = qoffs
+        hdr["physical_offset"] = phys
+        heads = hdr.view(f"V{fixed}").tolist()
+        data = b"".join(itertools.chain.from_iterable(zip(heads, bodies, tps, props_b)))
+        a._place(data, total)
+        a.last_store_timestamp = store_ts if isinstance(store_ts, int) else int(store_ts[-1])
+        a.last_record_offset = int(phys[-1])
+        if record is not None:
+            cols = _Dispatched(topic if single else None, topics, distinct, q, qoffs, phys,
+                               totals, sys_arr, tx, store_ts, batch, texts, order, codes,
+                               keys, used, base)
+            record(cols)
+    if isinstance(store_ts, int):
+        ts_list = itertools.repeat(store_ts, n)
+    else:
+        ts_list = store_ts.tolist()
+    prefix = a._msg_id_prefix.get(st_host) or offset_msg_id(st_host, 0)[:-16]
+    results = PutResults(phys, totals, qoffs, ts_list, itertools.repeat(prefix, n))
+    if store._sync_flush and not store.flusher.wait_flushed(results.end):
+        from .append import PutStatus
+        for r in results:
+            r.status = PutStatus.FLUSH_DISK_TIMEOUT
+    return results
+
+
+@dataclass(slots=True)
+class _Dispatched:
+    """What dispatch needs of a columnar batch just written."""
+
+    topic: str | None  # the one topic, or None (then ``topics``)
+    topics: list[str] | None
+    distinct: set
+    queue_ids: np.ndarray
+    queue_offsets: np.ndarray
+    offsets: np.ndarray
+    sizes: np.ndarray
+    sys_flags: Any  # int or array
+    tx: Any  # int or array
+    store_timestamps: Any  # int or array
+    batch: MessageBatch
+    texts: list[str] | None
+    order: np.ndarray | None  # messages sorted by queue (stable), None: one queue
+    codes: np.ndarray  # queue key code per message (len(keys) for no CQ unit)
+    keys: list
+    used: np.ndarray  # messages per key
+    base: np.ndarray  # first queue offset per key
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def column(self, name: str):
+        """A property as a per-message sequence (or a str for all), None if absent."""
+        return self.batch.properties.get(name)
+
+    def topic_list(self) -> list[str]:
+        return [self.topic] * len(self) if self.topic is not None else self.topics
+
+    def full(self, v) -> list:
+        n = len(self)
+        if isinstance(v, np.ndarray):
+            return v.tolist()
+        return [v] * n
+
+    def props(self) -> list[dict]:
+        b = self.batch
+        if self.texts is not None:
+            return [parse_properties(t) for t in self.texts]
+        n = len(self)
+        cols = [itertools.repeat(v, n) if isinstance(v, str) else v for v in b.properties.values()]
+        names = list(b.properties)
+        rows = zip(*cols) if cols else itertools.repeat((), n)
+        return [{k: v for k, v in zip(names, row) if v is not None} for row in rows]
+
+    def appended(self) -> list[Appended]:
+        return [Appended(o, s, t, q, qo, f, x, p) for o, s, t, q, qo, f, x, p in zip(
+            self.offsets.tolist(), self.sizes.tolist(), self.topic_list(), self.queue_ids.tolist(),
+            self.queue_offsets.tolist(), self.full(self.sys_flags),
+            self.full(self.store_timestamps), self.props())]
+
+
+def dispatch_columns(dispatcher, c: _Dispatched) -> None:
+    """Dispatch a columnar batch (sync mode): the bytes of ``Dispatcher.dispatch_columns``
+    for the equivalent messages."""
+    n = len(c)
+    if c.texts is not None or n < 16:
+        # Stored texts: parse them, as put_batch's dispatch does.
+        dispatcher.dispatch_columns(c.topic_list(), c.distinct, c.queue_ids, c.queue_offsets,
+                                    c.offsets, c.sizes, np.broadcast_to(c.sys_flags, (n,)),
+                                    c.full(c.store_timestamps),
+                                    None if c.texts is not None else c.props(),
+                                    c.texts if c.texts is not None else [""] * n)
+        return
+    ts = c.store_timestamps
+    # --- ConsumeQueue: tagsCode per distinct tag, one dense block per queue --------------
+    cq_any = bool(c.used.any())
+    if cq_any:
+        tags = c.column("TAGS")
+        if tags is None:
+            codes = 0
+        elif isinstance(tags, str):
+            codes = dispatcher.tags_code_of(tags)
+        else:
+            table = {t: dispatcher.tags_code_of(t) for t in set(tags)}
+            codes = np.fromiter(map(table.__getitem__, tags), dtype=np.int64, count=n)
+        units = np.empty(n, dtype=L.CQ_UNIT_DTYPE)
+        order = c.order
+        if order is None:
+            units["commit_log_offset"] = c.offsets
+            units["size"] = c.sizes
+            units["tags_code"] = codes
+        else:
+            units["commit_log_offset"] = c.offsets[order]
+            units["size"] = c.sizes[order]
+            units["tags_code"] = codes if isinstance(codes, int) else codes[order]
+        at = 0
+        for key, u, b in zip(c.keys, c.used.tolist(), c.base.tolist()):
+            if u:
+                dispatcher.put_units(key, b, units[at:at + u])
+                at += u
+        if isinstance(ts, int):
+            dispatcher.logics_timestamp = ts
+        else:
+            last = int(np.flatnonzero(c.codes < len(c.keys))[-1])
+            dispatcher.logics_timestamp = int(ts[last])
+    # --- IndexFile ----------------------------------------------------------------------
+    index = dispatcher.index
+    if index is not None:
+        if not index.files or index.files[-1].is_write_full:
+            index.current_file()  # the first dispatched record creates a file (§7.5)
+        tx = c.tx
+        if isinstance(tx, int):
+            indexed = None if tx != L.TRANSACTION_ROLLBACK else False
+        else:
+            indexed = tx != L.TRANSACTION_ROLLBACK
+            if indexed.all():
+                indexed = None
+        if indexed is not False:
+            h, phy, kts = _index_entries(dispatcher, c, indexed)
+            if h is not None and len(h):
+                index.put_hashes(h, phy, kts, skip_stale=True)
+    dispatcher.dispatched += n
+
+
+def _single_tokens(keys) -> bool:
+    """Every KEYS value is one non-empty token (no None, no space)."""
+    return None not in keys and "" not in keys and " " not in "".join(keys)
+
+
+def _index_entries(dispatcher, c: _Dispatched, indexed):
+    """(hashes, offsets, timestamps) of the index keys in dispatch order: per message
+    UNIQ_KEY, then each KEYS token (spec §7.3); ``indexed`` None means every message."""
+    n = len(c)
+    uniq, keys = c.column("UNIQ_KEY"), c.column("KEYS")
+    if uniq is None and keys is None:
+        return None, None, None
+    ts = c.store_timestamps
+    tsa = np.broadcast_to(np.asarray(ts, dtype=np.int64), (n,))
+    if c.topic is not None and indexed is None:
+        cols = []
+        for v, is_keys in ((uniq, False), (keys, True)):
+            if v is None:
+                continue
+            if isinstance(v, str):
+                if is_keys and v == "":
+                    continue  # an empty KEYS has no tokens
+                if is_keys and " " in v:
+                    cols = None
+                    break
+                v = [v] * n
+            elif (not _single_tokens(v)) if is_keys else (None in v):
+                cols = None
+                break
+            h = dispatcher._index_hashes_of(c.topic, v)
+            if h is None:
+                cols = None
+                break
+            cols.append(h)
+        if cols is not None:
+            if len(cols) == 1:
+                return cols[0], c.offsets, tsa
+            return (np.column_stack(cols).ravel(), np.repeat(c.offsets, 2), np.repeat(tsa, 2))
+    # The general case: key strings, hashed together.
+    from .dispatch import index_hashes
+    topics = c.topic_list()
+    us = itertools.repeat(uniq, n) if uniq is None or isinstance(uniq, str) else uniq
+    ks = itertools.repeat(keys, n) if keys is None or isinstance(keys, str) else keys
+    ok = itertools.repeat(True, n) if indexed is None else indexed.tolist()
+    full, kphy, kts = [], [], []
+    for t, u, kk, o, p, x in zip(topics, us, ks, ok, c.offsets.tolist(), tsa.tolist()):
+        if not o:
+            continue
+        if u is not None:
+            full.append(f"{t}#{u}")
+            kphy.append(p)
+            kts.append(x)
+        if kk:
+            for tok in kk.split(" "):
+                if tok:
+                    full.append(f"{t}#{tok}")
+                    kphy.append(p)
+                    kts.append(x)
+    if not full:
+        return None, None, None
+    return index_hashes(full), kphy, kts
