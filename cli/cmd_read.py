@@ -223,12 +223,13 @@ def stats(
     from rmqstore.stats import store_stats
 
     out = resolve_format(fmt)
-    if out is Format.jsonl:
-        out = Format.json
     with open_store(store, config) as reader:
         s = store_stats(reader, conf=config)
     if out is Format.json:
         render.write_json(s)
+        return
+    if out is Format.jsonl:
+        render.write_jsonl([s])  # one object, on one line
         return
     cl = s["commitLog"]
     render.write_kv({"store": s["store"], "minOffset": cl["minOffset"], "maxOffset": cl["maxOffset"],
