@@ -35,7 +35,7 @@ import numpy as np
 
 from . import layout as L
 from .append import Appended, PutResults, now_ms
-from .codec import SCHEDULE_TOPIC, Host, Message, offset_msg_id, parse_properties
+from .codec import SCHEDULE_TOPIC, Host, Message, java_hash, offset_msg_id, parse_properties
 
 _DEFAULT_BORN = Message.__dataclass_fields__["born_host"].default
 _DEFAULT_STORE = Message.__dataclass_fields__["store_host"].default
@@ -46,6 +46,7 @@ _CQ_UNIT = L.CQ_UNIT_SIZE
 _SEP = L.PROPERTY_SEPARATOR
 _NV = L.PROPERTY_NAME_VALUE_SEPARATOR
 _FAST_PROPS_MAX = 16383  # below this neither §3.6 properties rule can apply
+_FAST_KEY_MAX = 256  # longest token hashed by the matrix form
 
 
 def _is_scalar(v) -> bool:
@@ -143,9 +144,9 @@ class MessageBatch:
 
 
 def _template(properties: Mapping[str, Any], trailing: bool):
-    """(constant pieces, columns) so text_i = c0 + col1[i] + c1 + ... + colk[i] + ck,
-    valid when no column holds None."""
-    consts, cols, acc, first = [], [], "", True
+    """(constant pieces, column names, columns) so that text_i = c0 + col1[i] + c1 + ...
+    + colk[i] + ck, valid when no column holds None."""
+    consts, names, cols, acc, first = [], [], [], "", True
     for name, v in properties.items():
         acc += ("" if first else _SEP) + name + _NV
         first = False
@@ -153,12 +154,13 @@ def _template(properties: Mapping[str, Any], trailing: bool):
             acc += v
         else:
             consts.append(acc)
+            names.append(name)
             cols.append(v)
             acc = ""
     if not first and trailing:
         acc += _SEP
     consts.append(acc)
-    return consts, cols
+    return consts, names, cols
 
 
 def _texts_generic(properties: Mapping[str, Any], n: int, trailing: bool) -> list[str]:
@@ -179,31 +181,146 @@ def _encode_texts(texts: list[str]) -> list[bytes]:
         return [t.encode("utf-8", "replace") for t in texts]
 
 
-def properties_bytes(properties: Mapping[str, Any], n: int, trailing: bool) -> list[bytes]:
-    """Each message's properties text as stored, UTF-8 encoded; for ``str`` values with
-    no ``None`` one C-level join + encode + split, else message by message."""
-    consts, cols = _template(properties, trailing)
-    if not cols:
-        b = consts[0].encode("utf-8", "replace")
-        return [b] * n
-    if n and not any(None in c for c in cols):
-        sep = "\x00"
-        # c0 + v1 + c1 + ... + vk + (ck + sep + c0) for every message, the last cut off.
-        glue = consts[-1] + sep + consts[0]
-        pieces = [itertools.repeat(c, n) for c in consts[1:-1]]
-        parts = [None] * (2 * len(cols))
-        parts[0::2] = cols
-        parts[1::2] = pieces + [itertools.repeat(glue, n)]
-        try:
-            full = "".join(itertools.chain.from_iterable(zip(*parts)))
-            data = (consts[0] + full[:len(full) - len(glue)] + consts[-1]).encode()
-        except (TypeError, UnicodeEncodeError):
-            data = None  # a value that is not a str, or not encodable: message by message
-        if data is not None:
-            out = data.split(b"\x00")
-            if len(out) == n:
-                return out
-    return _encode_texts(_texts_generic(properties, n, trailing))
+@dataclass(slots=True)
+class _Col:
+    """One per-message property column as encoded, kept for dispatch.
+
+    Categorical (few distinct values): ``codes`` index ``distinct``. Free: ``buf`` holds
+    the values UTF-8 encoded, each followed by the template's next constant and a NUL;
+    value i is ``buf[ends[i] - lens[i]:ends[i]]``; ``ascii`` says every value is ASCII.
+    """
+
+    values: Sequence
+    lens: np.ndarray
+    codes: np.ndarray | None = None
+    distinct: list | None = None
+    buf: np.ndarray | None = None
+    ends: np.ndarray | None = None
+    ascii: bool = False
+
+
+def _categorical(col, n: int) -> bool:
+    sample = set(col[:64]) if n > 64 else set(col)
+    return len(sample) <= max(1, min(n, 64) // 4)
+
+
+def _encode_columns(consts: list[str], cols: list, n: int):
+    """(per-record piece lists after the lead piece, the leading categorical columns,
+    encoded constants, _Col per column) or None when the template way does not apply
+    (a None or non-str value, a NUL, an unencodable character)."""
+    if any(None in c for c in cols):
+        return None
+    try:
+        cenc = [c.encode() for c in consts]
+    except UnicodeEncodeError:
+        return None
+    if any(b"\x00" in c for c in cenc):
+        return None
+    infos: list[_Col] = []
+    for j, col in enumerate(cols, start=1):
+        tail = consts[j]
+        if _categorical(col, n):
+            distinct = list(set(col))
+            if not all(type(v) is str for v in distinct):
+                return None
+            try:
+                enc = [v.encode() for v in distinct]
+            except UnicodeEncodeError:
+                return None
+            idx = {v: i for i, v in enumerate(distinct)}
+            codes = np.fromiter(map(idx.__getitem__, col), dtype=np.int64, count=n)
+            lens = np.array([len(e) for e in enc], dtype=np.int64)[codes]
+            infos.append(_Col(col, lens, codes, distinct))
+        else:
+            try:
+                text = (tail + "\x00").join(col) + tail
+                data = text.encode()
+            except (TypeError, UnicodeEncodeError):
+                return None
+            parts = data.split(b"\x00")
+            if len(parts) != n:
+                return None  # a value holds a NUL
+            buf = np.frombuffer(data, dtype=np.uint8)
+            ends = np.empty(n, dtype=np.int64)
+            ends[:-1] = np.flatnonzero(buf == 0)
+            ends[-1] = len(data)
+            starts = np.empty(n, dtype=np.int64)
+            starts[0] = 0
+            starts[1:] = ends[:-1] + 1
+            ends -= len(cenc[j])
+            infos.append(_Col(col, ends - starts, buf=buf, ends=ends, ascii=text.isascii(),
+                              codes=None, distinct=parts))  # distinct: the pieces, for now
+    lead = 0
+    while lead < len(infos) and infos[lead].codes is not None:
+        lead += 1
+    pieces = []
+    for j, info in enumerate(infos, start=1):
+        if j <= lead:
+            continue
+        if info.codes is not None:
+            table = [v.encode() + cenc[j] for v in info.distinct]
+            pieces.append(list(map(table.__getitem__, info.codes.tolist())))
+        else:
+            pieces.append(info.distinct)
+            info.distinct = None
+    return pieces, lead, cenc, infos
+
+
+def _lead_pieces(tblocks: list[bytes], topic_codes, plens: np.ndarray, cenc0: bytes,
+                 cats: list[tuple[_Col, bytes]]) -> list[bytes] | None:
+    """Per record: topic length + topic, properties length, the first constant and the
+    leading categorical columns with their constants, one bytes object per distinct
+    combination (a dict lookup per record). None if the combinations do not fit int64."""
+    comb = plens if topic_codes is None else plens + topic_codes * (_FAST_PROPS_MAX + 1)
+    span = (_FAST_PROPS_MAX + 1) * len(tblocks)
+    for info, _ in cats:
+        d = len(info.distinct)
+        span *= d
+        if span >= 1 << 62:
+            return None
+        comb = comb * d + info.codes
+    table = {}
+    for u in np.unique(comb).tolist():
+        rest, tail = u, []
+        for info, cj in reversed(cats):
+            rest, c = divmod(rest, len(info.distinct))
+            tail.append(info.distinct[c].encode() + cj)
+        t, pl = divmod(rest, _FAST_PROPS_MAX + 1)
+        table[u] = b"".join([tblocks[t], _PROPS_LEN.pack(pl), cenc0, *reversed(tail)])
+    return list(map(table.__getitem__, comb.tolist()))
+
+
+def _encode_properties(batch: MessageBatch, n: int, trailing: bool, tblocks: list[bytes],
+                       topic_codes):
+    """(pieces per record after the body, properties lengths, {name: _Col}, texts) or
+    None when some text exceeds the fast limit. ``texts`` is the stored-texts column (then
+    dispatch parses them), else None."""
+    cols_info: dict[str, _Col] = {}
+    texts = None
+    enc = None
+    if batch.properties_texts is None:
+        consts, names, cols = _template(batch.properties, trailing)
+        enc = _encode_columns(consts, cols, n) if n else None
+    if enc is not None:
+        pieces, lead, cenc, infos = enc
+        plens = np.full(n, sum(map(len, cenc)), dtype=np.int64)
+        for info in infos:
+            plens += info.lens
+        if int(plens.max()) > _FAST_PROPS_MAX:
+            return None
+        cats = [(infos[j], cenc[j + 1]) for j in range(lead)]
+        first = _lead_pieces(tblocks, topic_codes, plens, cenc[0], cats)
+        if first is not None:
+            return [first] + pieces, plens, dict(zip(names, infos)), None
+    if batch.properties_texts is not None:
+        texts = list(batch.properties_texts)
+        props_b = _encode_texts(texts)
+    else:
+        props_b = _encode_texts(_texts_generic(batch.properties, n, trailing))
+    plens = np.fromiter(map(len, props_b), dtype=np.int64, count=n)
+    if int(plens.max()) > _FAST_PROPS_MAX:
+        return None
+    return [_lead_pieces(tblocks, topic_codes, plens, b"", []), props_b], plens, cols_info, texts
 
 
 # --- the fast put ----------------------------------------------------------------------
@@ -255,26 +372,20 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
     blens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
     if int(blens.max()) > a._max_body:
         return _fallback(store, batch, stamp)
-    trailing = a._trailing
-    if batch.properties_texts is not None:
-        texts = list(batch.properties_texts)
-        props_b = _encode_texts(texts)
-    else:
-        texts = None
-        props_b = properties_bytes(batch.properties, n, trailing)
-    plens = np.fromiter(map(len, props_b), dtype=np.int64, count=n)
-    if int(plens.max()) > _FAST_PROPS_MAX:
-        return _fallback(store, batch, stamp)
     if single:
-        tblock = blocks[topic]
-        tlens = len(tblock)
-        pre = {pl: tblock + _PROPS_LEN.pack(pl) for pl in np.unique(plens).tolist()}
-        tps = list(map(pre.__getitem__, plens.tolist()))
-        topics = None
+        tblocks, topic_codes, topics = [blocks[topic]], None, None
+        tlens = len(blocks[topic])
     else:
         topics = list(topic)
-        tps = [blocks[t] + _PROPS_LEN.pack(pl) for t, pl in zip(topics, plens.tolist())]
-        tlens = np.fromiter(map(len, tps), dtype=np.int64, count=n) - 2
+        tnames = list(blocks)
+        tblocks = [blocks[t] for t in tnames]
+        tcode = {t: i for i, t in enumerate(tnames)}
+        topic_codes = np.fromiter(map(tcode.__getitem__, topics), dtype=np.int64, count=n)
+        tlens = np.array([len(b) for b in tblocks], dtype=np.int64)[topic_codes]
+    enc = _encode_properties(batch, n, a._trailing, tblocks, topic_codes)
+    if enc is None:
+        return _fallback(store, batch, stamp)
+    pieces, plens, cols_info, texts = enc
     totals = fixed + blens + tlens + 2 + plens
     total = int(totals.sum())
     if int(totals.max()) > a._max_total or total + L.END_FILE_MIN_BLANK_LENGTH > a.size:
@@ -325,7 +436,8 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
         used = np.array([n], dtype=np.int64)
         rank = np.arange(n, dtype=np.int64)
     else:
-        order = np.argsort(codes, kind="stable")
+        # Small codes sort stably in linear time (radix) as int16.
+        order = np.argsort(codes.astype(np.int16) if nk < 32767 else codes, kind="stable")
         counts = np.bincount(codes, minlength=nk + 1)
         gstart = np.cumsum(counts) - counts
         rank = np.empty(n, dtype=np.int64)
@@ -338,7 +450,6 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
         _is_scalar(v) for v in (batch.flag, batch.born_timestamp, batch.reconsume_times,
                                 batch.prepared_transaction_offset)) else None
     row = _header_templates.get(tkey) if tkey is not None else None
-    hdr = np.empty(n, dtype=dtype)
     if row is None:
         row = np.zeros(1, dtype=dtype)
         row["magic"] = L.MAGIC_V1
@@ -354,7 +465,8 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
             if len(_header_templates) > 64:
                 _header_templates.clear()
             _header_templates[tkey] = row
-    hdr[:] = row
+    # The template row repeated (a bytes product: far cheaper than a structured fill).
+    hdr = np.frombuffer(bytearray(row.tobytes() * n), dtype=dtype)
     if tkey is None:
         for name, v in (("flag", batch.flag), ("born_timestamp", batch.born_timestamp),
                         ("reconsume_times", batch.reconsume_times),
@@ -390,14 +502,14 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
         hdr["queue_offset"] = qoffs
         hdr["physical_offset"] = phys
         heads = hdr.view(f"V{fixed}").tolist()
-        data = b"".join(itertools.chain.from_iterable(zip(heads, bodies, tps, props_b)))
+        data = b"".join(itertools.chain.from_iterable(zip(heads, bodies, *pieces)))
         a._place(data, total)
         a.last_store_timestamp = store_ts if isinstance(store_ts, int) else int(store_ts[-1])
         a.last_record_offset = int(phys[-1])
         if record is not None:
             cols = _Dispatched(topic if single else None, topics, distinct, q, qoffs, phys,
-                               totals, sys_arr, tx, store_ts, batch, texts, order, codes,
-                               keys, used, base)
+                               totals, sys_arr, tx, store_ts, batch, texts, cols_info,
+                               order, codes, keys, used, base)
             record(cols)
     if isinstance(store_ts, int):
         ts_list = itertools.repeat(store_ts, n)
@@ -428,6 +540,7 @@ class _Dispatched:
     store_timestamps: Any  # int or array
     batch: MessageBatch
     texts: list[str] | None
+    cols: dict  # property name -> _Col, for the template's columns
     order: np.ndarray | None  # messages sorted by queue (stable), None: one queue
     codes: np.ndarray  # queue key code per message (len(keys) for no CQ unit)
     keys: list
@@ -484,27 +597,34 @@ def dispatch_columns(dispatcher, c: _Dispatched) -> None:
     cq_any = bool(c.used.any())
     if cq_any:
         tags = c.column("TAGS")
+        info = c.cols.get("TAGS")
         if tags is None:
             codes = 0
         elif isinstance(tags, str):
             codes = dispatcher.tags_code_of(tags)
+        elif info is not None and info.codes is not None:
+            codes = np.array([dispatcher.tags_code_of(t) for t in info.distinct],
+                             dtype=np.int64)[info.codes]
         else:
             table = {t: dispatcher.tags_code_of(t) for t in set(tags)}
             codes = np.fromiter(map(table.__getitem__, tags), dtype=np.int64, count=n)
         units = np.empty(n, dtype=L.CQ_UNIT_DTYPE)
         order = c.order
         if order is None:
-            units["commit_log_offset"] = c.offsets
-            units["size"] = c.sizes
+            phy, size = c.offsets, c.sizes
             units["tags_code"] = codes
         else:
-            units["commit_log_offset"] = c.offsets[order]
-            units["size"] = c.sizes[order]
+            phy, size = c.offsets[order], c.sizes[order]
             units["tags_code"] = codes if isinstance(codes, int) else codes[order]
+        units["commit_log_offset"] = phy
+        units["size"] = size
+        data = units.tobytes()
+        ends = (phy + size).tolist()
         at = 0
         for key, u, b in zip(c.keys, c.used.tolist(), c.base.tolist()):
             if u:
-                dispatcher.put_units(key, b, units[at:at + u])
+                dispatcher.put_units(key, b, data[at * _CQ_UNIT:(at + u) * _CQ_UNIT],
+                                     ends[at], ends[at + u - 1], units[at:at + u])
                 at += u
         if isinstance(ts, int):
             dispatcher.logics_timestamp = ts
@@ -526,7 +646,7 @@ def dispatch_columns(dispatcher, c: _Dispatched) -> None:
         if indexed is not False:
             h, phy, kts = _index_entries(dispatcher, c, indexed)
             if h is not None and len(h):
-                index.put_hashes(h, phy, kts, skip_stale=True)
+                put_index_hashes(index, h, phy, kts)
     dispatcher.dispatched += n
 
 
@@ -546,25 +666,16 @@ def _index_entries(dispatcher, c: _Dispatched, indexed):
     tsa = np.broadcast_to(np.asarray(ts, dtype=np.int64), (n,))
     if c.topic is not None and indexed is None:
         cols = []
-        for v, is_keys in ((uniq, False), (keys, True)):
-            if v is None:
-                continue
-            if isinstance(v, str):
-                if is_keys and v == "":
-                    continue  # an empty KEYS has no tokens
-                if is_keys and " " in v:
-                    cols = None
-                    break
-                v = [v] * n
-            elif (not _single_tokens(v)) if is_keys else (None in v):
-                cols = None
-                break
-            h = dispatcher._index_hashes_of(c.topic, v)
+        for name in ("UNIQ_KEY", "KEYS"):
+            h = _column_hashes(c, name)
             if h is None:
                 cols = None
                 break
-            cols.append(h)
+            if len(h):
+                cols.append(h)
         if cols is not None:
+            if not cols:
+                return None, None, None
             if len(cols) == 1:
                 return cols[0], c.offsets, tsa
             return (np.column_stack(cols).ravel(), np.repeat(c.offsets, 2), np.repeat(tsa, 2))
@@ -591,3 +702,157 @@ def _index_entries(dispatcher, c: _Dispatched, indexed):
     if not full:
         return None, None, None
     return index_hashes(full), kphy, kts
+
+
+_POW31_N = np.array([pow(31, k, 1 << 32) for k in range(_FAST_KEY_MAX + 1)], dtype=np.uint64)
+_POW31_F = _POW31_N.astype(np.float64)
+_prefix_terms: dict[str, np.ndarray] = {}
+
+
+def _column_hashes(c: _Dispatched, name: str) -> np.ndarray | None:
+    """Index hashes of one key per message from UNIQ_KEY (the whole value) or KEYS (one
+    token each): an empty array when the property is absent or an empty KEYS, None
+    when the fast forms do not apply (several tokens, not ASCII, ...)."""
+    v = c.column(name)
+    n = len(c)
+    keys = name == "KEYS"
+    if v is None or (keys and isinstance(v, str) and v == ""):
+        return np.zeros(0, dtype=np.int64)
+    if isinstance(v, str):
+        if keys and " " in v:
+            return None
+        h = _token_hashes(c.topic, [v])
+        return None if h is None else np.repeat(h, n)
+    info = c.cols.get(name)
+    if keys and not _single_tokens(info.distinct if info is not None and info.codes is not None
+                                   else v):
+        return None
+    if info is None:
+        return None if None in v else _token_hashes(c.topic, v)
+    if info.codes is not None:
+        h = _token_hashes(c.topic, info.distinct)
+        return None if h is None else h[info.codes]
+    if not info.ascii:
+        return None
+    return _span_hashes(c.topic, info.buf, info.ends, info.lens)
+
+
+def _token_hashes(topic: str, tokens) -> np.ndarray | None:
+    """Index hashes (spec §7.2) of ``topic#token`` for ASCII tokens without NUL, as int64
+    (None otherwise: the caller then hashes the key strings)."""
+    n = len(tokens)
+    try:
+        joined = "\x00".join(tokens)
+    except TypeError:
+        return None
+    if not joined.isascii():
+        return None
+    buf = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
+    ends = np.empty(n, dtype=np.int64)
+    seps = np.flatnonzero(buf == 0)
+    if len(seps) != n - 1:
+        return None  # a token holds a NUL
+    ends[:-1] = seps
+    ends[-1] = len(buf)
+    lens = np.empty(n, dtype=np.int64)
+    lens[0] = ends[0]
+    np.subtract(ends[1:], seps + 1, out=lens[1:])
+    return _span_hashes(topic, buf, ends, lens)
+
+
+def _span_hashes(topic: str, buf: np.ndarray, ends: np.ndarray,
+                 lens: np.ndarray) -> np.ndarray | None:
+    """Index hashes of ``topic#token`` for the ASCII tokens ``buf[ends - lens:ends]``:
+    right-aligned into an (n, longest) matrix (bytes before a token zeroed) and summed
+    against powers of 31 (exact in float64: each sum is below 2**47), plus the topic's
+    ``topic#`` hash times 31**len (mod 2**32). None for a token over 256 bytes."""
+    width = int(lens.max()) if len(lens) else 0
+    if width > _FAST_KEY_MAX:
+        return None
+    terms = _prefix_terms.get(topic)
+    if terms is None:
+        ph = java_hash(topic + "#") & 0xFFFFFFFF
+        terms = (_POW31_N * np.uint64(ph)) & np.uint64(0xFFFFFFFF)
+        if len(_prefix_terms) >= 4096:
+            _prefix_terms.clear()
+        _prefix_terms[topic] = terms
+    h = terms[lens]
+    if width:
+        padded = np.zeros(width + len(buf), dtype=np.uint8)
+        padded[width:] = buf
+        cols = np.arange(width)
+        mat = padded[ends[:, None] + cols]  # token i ends at column width - 1
+        mat[cols < (width - lens)[:, None]] = 0  # bytes before the token
+        part = mat.astype(np.float64) @ _POW31_F[width - 1::-1]
+        h = h + part.astype(np.uint64)
+    h &= np.uint64(0xFFFFFFFF)
+    out = np.abs(h.astype(np.uint32).view(np.int32).astype(np.int64))
+    out[out == 2**31] = 0  # Math.abs(MIN_VALUE) is negative: RocketMQ uses 0
+    return out
+
+
+def put_index_hashes(index, key_hashes, phy_offsets, store_timestamps) -> None:
+    """``IndexService.put_hashes(..., skip_stale=True)`` for the keys of one batch (offsets
+    ascending), same bytes; the entries of each file are linked into their slot chains
+    with one sort of (slot, position) packed into int64 instead of a stable argsort."""
+    h = np.asarray(key_hashes, dtype=np.int64)
+    phy = np.asarray(phy_offsets, dtype=np.int64)
+    ts = np.asarray(store_timestamps, dtype=np.int64)
+    files = index.files
+    end0 = files[-1].header.end_phy_offset if files else 0
+    if not files or int(phy[0]) < end0 or len(h) >= 1 << 31 \
+            or index.geometry.hash_slot_num >= 1 << 31:
+        index.put_hashes(h, phy, ts, skip_stale=True)  # stale keys to drop: the general way
+        return
+    i, n = 0, len(h)
+    while i < n:
+        f = index.files[-1]
+        if f.is_write_full:
+            f = index.current_file()
+        m = min(index.geometry.index_num - f.header.index_count, n - i)
+        _file_put_many(f, h[i:i + m], phy[i:i + m], ts[i:i + m])
+        i += m
+
+
+def _file_put_many(f, key_hashes: np.ndarray, phy_offsets: np.ndarray,
+                   timestamps: np.ndarray) -> None:
+    """``IndexFile.put_many`` (putKey per entry, spec §7.4), same bytes."""
+    h, g = f.header, f.geometry
+    m, c0 = len(key_hashes), h.index_count
+    slot = key_hashes % g.hash_slot_num
+    # Sorted by slot, then by position: each entry right after its chain predecessor.
+    packed = np.sort((slot << 32) | np.arange(m, dtype=np.int64))
+    ss = packed >> 32
+    order = packed & 0xFFFFFFFF
+    ns = order + c0
+    first = np.ones(m, dtype=bool)
+    np.not_equal(ss[1:], ss[:-1], out=first[1:])
+    last = np.ones(m, dtype=bool)
+    last[:-1] = first[1:]
+    slots = f.slots
+    head = slots[ss[first]].astype(np.int64)
+    head[(head <= 0) | (head > ns[first])] = 0
+    prev_sorted = np.empty(m, dtype=np.int64)
+    prev_sorted[1:] = ns[:-1]
+    prev_sorted[first] = head
+    prev = np.empty(m, dtype=np.int64)
+    prev[order] = prev_sorted
+    begin = h.begin_timestamp
+    if c0 <= 1:
+        b = np.full(m, timestamps[0], dtype=np.int64)
+        b[0] = begin  # the first put sets beginTimestamp
+        td = np.where(b <= 0, 0, np.clip((timestamps - b) // 1000, 0, L.INT32_MAX))
+    elif begin <= 0:
+        td = 0
+    else:
+        td = np.clip((timestamps - begin) // 1000, 0, L.INT32_MAX)
+    block = f.entries[c0:c0 + m]
+    block["key_hash"], block["phy_offset"] = key_hashes, phy_offsets
+    block["time_diff"], block["prev_index"] = td, prev
+    slots[ss[last]] = ns[last]
+    if c0 <= 1:
+        h.begin_phy_offset, h.begin_timestamp = int(phy_offsets[0]), int(timestamps[0])
+    h.hash_slot_count += int(np.count_nonzero(head == 0))
+    h.index_count += m
+    h.end_phy_offset, h.end_timestamp = int(phy_offsets[-1]), int(timestamps[-1])
+    f._map[:L.INDEX_HEADER_SIZE] = h.pack()

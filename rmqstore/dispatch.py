@@ -157,31 +157,36 @@ class Dispatcher:
             code = self._tags[tags] = java_hash(tags)
         return code
 
-    def put_units(self, key: tuple[str, int], queue_offset: int, units: np.ndarray) -> None:
-        """CQ units (``CQ_UNIT_DTYPE``) for consecutive queue offsets from ``queue_offset``
-        and ascending CommitLog offsets: one block write when they simply continue the
-        queue, else :meth:`ConsumeQueueWriter.put_many` (same bytes either way)."""
+    def put_units(self, key: tuple[str, int], queue_offset: int, data: bytes,
+                  first_end: int, last_end: int, units: np.ndarray) -> None:
+        """CQ units ``data`` (``units`` as ``CQ_UNIT_DTYPE``) for consecutive queue offsets
+        from ``queue_offset`` and ascending CommitLog ends ``first_end`` .. ``last_end``:
+        one block write when they simply continue the queue, else
+        :meth:`ConsumeQueueWriter.put_many` (same bytes either way)."""
         w = self._writers.get(key)
         if w is None:
             w = self._writer(*key)
         pos = w.write_pos
-        phy, size = units["commit_log_offset"], units["size"]
-        if pos is None or pos != queue_offset * L.CQ_UNIT_SIZE \
-                or int(phy[0]) + int(size[0]) <= w.max_physic_offset:
-            w.put_many(np.arange(queue_offset, queue_offset + len(units)), phy, size,
-                       units["tags_code"])
+        if pos is None or pos != queue_offset * L.CQ_UNIT_SIZE or first_end <= w.max_physic_offset:
+            w.put_many(np.arange(queue_offset, queue_offset + len(units)), units["commit_log_offset"],
+                       units["size"], units["tags_code"])
             return
-        data = units.tobytes()
-        done = 0
-        while done < len(data):  # _write_dense, from ready bytes
-            if w.write_pos == w._starts[-1] + w.file_size:
-                w._starts.append(w.write_pos)
-            room = w._starts[-1] + w.file_size - w.write_pos
-            chunk = data[done:done + room]
-            w._pwrite(w.write_pos, chunk)
-            w.write_pos += len(chunk)
-            done += len(chunk)
-        w.max_physic_offset = int(phy[-1]) + int(size[-1])
+        start, size = w._starts[-1], w.file_size
+        if pos - start + len(data) <= size and w._map_start == start:
+            mm = w._map_cur  # the usual case: within the segment being written
+            mm[pos - start:pos - start + len(data)] = data
+            w.write_pos = pos + len(data)
+        else:
+            done = 0
+            while done < len(data):  # _write_dense, from ready bytes
+                if w.write_pos == w._starts[-1] + size:
+                    w._starts.append(w.write_pos)
+                room = w._starts[-1] + size - w.write_pos
+                chunk = data[done:done + room]
+                w._pwrite(w.write_pos, chunk)
+                w.write_pos += len(chunk)
+                done += len(chunk)
+        w.max_physic_offset = last_end
 
     def dispatch(self, a: Appended) -> None:
         """Both dispatchers for one record, in the broker's order (spec §9 step 2)."""
