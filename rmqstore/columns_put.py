@@ -197,6 +197,7 @@ class _Col:
     buf: np.ndarray | None = None
     ends: np.ndarray | None = None
     ascii: bool = False
+    spaces: int = -1  # free: spaces inside the values (not the constants between them)
 
 
 def _categorical(col, n: int) -> bool:
@@ -248,8 +249,9 @@ def _encode_columns(consts: list[str], cols: list, n: int):
             starts[0] = 0
             starts[1:] = ends[:-1] + 1
             ends -= len(cenc[j])
+            spaces = text.count(" ") - n * tail.count(" ")
             infos.append(_Col(col, ends - starts, buf=buf, ends=ends, ascii=text.isascii(),
-                              codes=None, distinct=parts))  # distinct: the pieces, for now
+                              codes=None, distinct=parts, spaces=spaces))  # distinct: pieces, for now
     lead = 0
     while lead < len(infos) and infos[lead].codes is not None:
         lead += 1
@@ -279,15 +281,29 @@ def _lead_pieces(tblocks: list[bytes], topic_codes, plens: np.ndarray, cenc0: by
         if span >= 1 << 62:
             return None
         comb = comb * d + info.codes
-    table = {}
-    for u in np.unique(comb).tolist():
+    def piece(u: int) -> bytes:
         rest, tail = u, []
         for info, cj in reversed(cats):
             rest, c = divmod(rest, len(info.distinct))
             tail.append(info.distinct[c].encode() + cj)
         t, pl = divmod(rest, _FAST_PROPS_MAX + 1)
-        table[u] = b"".join([tblocks[t], _PROPS_LEN.pack(pl), cenc0, *reversed(tail)])
-    return list(map(table.__getitem__, comb.tolist()))
+        return b"".join([tblocks[t], _PROPS_LEN.pack(pl), cenc0, *reversed(tail)])
+
+    return list(map(_Pieces(piece).__getitem__, comb.tolist()))
+
+
+class _Pieces(dict):
+    """A dict that makes a missing value with ``make(key)`` (once per distinct key)."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, key):
+        v = self[key] = self.make(key)
+        return v
 
 
 def _encode_properties(batch: MessageBatch, n: int, trailing: bool, tblocks: list[bytes],
@@ -724,9 +740,12 @@ def _column_hashes(c: _Dispatched, name: str) -> np.ndarray | None:
         h = _token_hashes(c.topic, [v])
         return None if h is None else np.repeat(h, n)
     info = c.cols.get(name)
-    if keys and not _single_tokens(info.distinct if info is not None and info.codes is not None
-                                   else v):
-        return None
+    if keys:
+        if info is not None and info.codes is None:
+            if info.spaces or not info.lens.all():
+                return None  # several tokens, or an empty KEYS (no tokens)
+        elif not _single_tokens(v if info is None else info.distinct):
+            return None
     if info is None:
         return None if None in v else _token_hashes(c.topic, v)
     if info.codes is not None:

@@ -227,3 +227,27 @@ def test_put_index_hashes_equals_put_hashes(tmp_path, seed):
     a.close(), b.close()
     assert _tree(tmp_path / "a").values().__iter__ and \
         sorted(_tree(tmp_path / "a").values()) == sorted(_tree(tmp_path / "b").values())
+
+
+@pytest.mark.parametrize("version", ["4.9", "5"])
+def test_template_edge_values(tmp_path, version):
+    """Fast template with values the index and text rules treat specially: KEYS with
+    spaces, empty KEYS, constants with spaces after KEYS, categorical KEYS, empty TAGS,
+    non-ASCII values, UNIQ_KEY with spaces."""
+    n = 40
+    cases = [
+        {"KEYS": [f"k{i} j{i}" if i % 3 == 0 else f"k{i}" for i in range(n)], "X": "a b"},
+        {"KEYS": ["" if i % 5 == 0 else f"k{i}" for i in range(n)]},
+        {"KEYS": [f"k{i}" for i in range(n)], "Y": "c d e", "TAGS": ["", "A"] * (n // 2)},
+        {"TAGS": ["t1", "t2"] * (n // 2), "KEYS": ["a b", "c"] * (n // 2)},
+        {"TAGS": ["订单", "t"] * (n // 2), "KEYS": [f"ключ{i}" for i in range(n)]},
+        {"UNIQ_KEY": [f"u {i}" for i in range(n)], "KEYS": [f"k{i}" for i in range(n)]},
+        {"UNIQ_KEY": [""] * n, "KEYS": "one"},
+        {"KEYS": "two tokens", "TAGS": "T"},
+        {"KEYS": ["x" * 300] + [f"k{i}" for i in range(n - 1)]},
+        {},
+    ]
+    batches = [MessageBatch(topic="T", bodies=[b"b%d" % i for i in range(n)],
+                            queue_ids=np.arange(n) % 3, properties=p,
+                            store_timestamp=CLOCK + j) for j, p in enumerate(cases)]
+    _same(tmp_path, _cfg(version, max_index_num=400), batches)
