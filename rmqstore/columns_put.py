@@ -201,7 +201,11 @@ class _Col:
 
 
 def _categorical(col, n: int) -> bool:
-    sample = set(col[:64]) if n > 64 else set(col)
+    """Few distinct values in the first 64 (then a dict code per message pays off)."""
+    try:
+        sample = set(col[:64]) if n > 64 else set(col)
+    except TypeError:
+        return False  # unhashable values: the join refuses them
     return len(sample) <= max(1, min(n, 64) // 4)
 
 
@@ -209,8 +213,7 @@ def _encode_columns(consts: list[str], cols: list, n: int):
     """(per-record piece lists after the lead piece, the leading categorical columns,
     encoded constants, _Col per column) or None when the template way does not apply
     (a None or non-str value, a NUL, an unencodable character)."""
-    if any(None in c for c in cols):
-        return None
+    # A None (or any non-str) value fails the join or the type check below.
     try:
         cenc = [c.encode() for c in consts]
     except UnicodeEncodeError:
@@ -221,15 +224,18 @@ def _encode_columns(consts: list[str], cols: list, n: int):
     for j, col in enumerate(cols, start=1):
         tail = consts[j]
         if _categorical(col, n):
-            distinct = list(set(col))
+            idx = _Pieces(lambda v, d=None: len(idx))  # codes in order of first appearance
+            try:
+                codes = np.fromiter(map(idx.__getitem__, col), dtype=np.int64, count=n)
+            except TypeError:
+                return None  # an unhashable value
+            distinct = list(idx)
             if not all(type(v) is str for v in distinct):
                 return None
             try:
                 enc = [v.encode() for v in distinct]
             except UnicodeEncodeError:
                 return None
-            idx = {v: i for i, v in enumerate(distinct)}
-            codes = np.fromiter(map(idx.__getitem__, col), dtype=np.int64, count=n)
             lens = np.array([len(e) for e in enc], dtype=np.int64)[codes]
             infos.append(_Col(col, lens, codes, distinct))
         else:
@@ -383,9 +389,11 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
     fixed, _, host_bits = a._fixed[k]
     dtype = a._batch_dtypes[k]
     bodies = batch.bodies
-    if None in bodies:
+    try:
+        blens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+    except TypeError:  # a None body is an empty one
         bodies = [b if b is not None else b"" for b in bodies]
-    blens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+        blens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
     if int(blens.max()) > a._max_body:
         return _fallback(store, batch, stamp)
     if single:
