@@ -847,23 +847,33 @@ def _file_put_many(f, key_hashes: np.ndarray, phy_offsets: np.ndarray,
     h, g = f.header, f.geometry
     m, c0 = len(key_hashes), h.index_count
     slot = key_hashes % g.hash_slot_num
-    # Sorted by slot, then by position: each entry right after its chain predecessor.
-    packed = np.sort((slot << 32) | np.arange(m, dtype=np.int64))
-    ss = packed >> 32
-    order = packed & 0xFFFFFFFF
-    ns = order + c0
-    first = np.ones(m, dtype=bool)
-    np.not_equal(ss[1:], ss[:-1], out=first[1:])
-    last = np.ones(m, dtype=bool)
-    last[:-1] = first[1:]
     slots = f.slots
-    head = slots[ss[first]].astype(np.int64)
-    head[(head <= 0) | (head > ns[first])] = 0
-    prev_sorted = np.empty(m, dtype=np.int64)
-    prev_sorted[1:] = ns[:-1]
-    prev_sorted[first] = head
-    prev = np.empty(m, dtype=np.int64)
-    prev[order] = prev_sorted
+    ss = np.sort(slot)
+    if m < 2 or (ss[1:] != ss[:-1]).all():
+        # The usual case: no two keys of the batch share a slot. Each entry's previous
+        # is its slot's head (when that is a valid entry number), then it is the head.
+        ns = np.arange(c0, c0 + m, dtype=np.int64)
+        head = slots[slot].astype(np.int64)
+        head[(head <= 0) | (head > ns)] = 0
+        prev, set_at, set_to = head, slot, ns
+    else:
+        # Sorted by slot, then by position: each entry right after its chain predecessor.
+        packed = np.sort((slot << 32) | np.arange(m, dtype=np.int64))
+        ss = packed >> 32
+        order = packed & 0xFFFFFFFF
+        ns = order + c0
+        first = np.ones(m, dtype=bool)
+        np.not_equal(ss[1:], ss[:-1], out=first[1:])
+        last = np.ones(m, dtype=bool)
+        last[:-1] = first[1:]
+        head = slots[ss[first]].astype(np.int64)
+        head[(head <= 0) | (head > ns[first])] = 0
+        prev_sorted = np.empty(m, dtype=np.int64)
+        prev_sorted[1:] = ns[:-1]
+        prev_sorted[first] = head
+        prev = np.empty(m, dtype=np.int64)
+        prev[order] = prev_sorted
+        set_at, set_to = ss[last], ns[last]
     begin = h.begin_timestamp
     if c0 <= 1:
         b = np.full(m, timestamps[0], dtype=np.int64)
@@ -876,7 +886,7 @@ def _file_put_many(f, key_hashes: np.ndarray, phy_offsets: np.ndarray,
     block = f.entries[c0:c0 + m]
     block["key_hash"], block["phy_offset"] = key_hashes, phy_offsets
     block["time_diff"], block["prev_index"] = td, prev
-    slots[ss[last]] = ns[last]
+    slots[set_at] = set_to
     if c0 <= 1:
         h.begin_phy_offset, h.begin_timestamp = int(phy_offsets[0]), int(timestamps[0])
     h.hash_slot_count += int(np.count_nonzero(head == 0))
