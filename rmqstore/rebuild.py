@@ -17,6 +17,7 @@ end of the last index file before it (the §7.3 ``offset < endPhyOffset`` skip a
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import shutil
 import time
@@ -32,7 +33,7 @@ from .config import StoreConfig, load_config
 from .consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, build_consume_queue, list_queues
 from .errors import NotAStoreError
 from .index import IndexFile, IndexGeometry, IndexService, _list_index_files
-from .redispatch import StoreScan, dispatch_file, store_scan
+from .redispatch import StoreScan, store_scan
 from .segments import SegmentQueue
 
 SCRATCH_PREFIX = ".rmqstore-rebuild-"
@@ -42,48 +43,82 @@ PARALLEL_MIN_BYTES = 32 * 1024 * 1024
 Progress = Callable[[int, int], None]
 
 
-def _jobs(queue: SegmentQueue, check_crc: bool, delay, keys: bool):
-    return [(str(s.path), s.start, s.readable_size, check_crc, delay, keys) for s in queue.segments]
+#: Byte ranges a segment is cut into, so one big segment is scanned on every core.
+SPLIT_SIZE = 32 * 1024 * 1024
+
+
+def _splits(queue: SegmentQueue, config: StoreConfig, split_size: int):
+    from .splits import Split
+
+    out = []
+    max_record = config.max_message_size + 65536
+    for fi, s in enumerate(queue.segments):
+        readable = s.readable_size
+        for b in (range(0, readable, split_size) if readable > 0 else [0]):
+            out.append(Split(len(out), "", str(s.path), fi, s.start, max(readable, 0),
+                             queue.segment_size, b, min(b + split_size, max(readable, 0)),
+                             max_record))
+    return out
+
+
+def _pool_map(fn, items, workers: int):
+    """``map`` in a fork-based process pool (workers inherit the parent's imports)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as ex:
+        yield from ex.map(fn, items)
 
 
 def scan_commitlog(config: StoreConfig, *, check_crc: bool = True, keys: bool = True,
                    processes: int | None = None, progress: Progress | None = None,
-                   queue: SegmentQueue | None = None) -> StoreScan:
-    """Dispatch data of every CommitLog segment (segments in parallel), merged in order."""
+                   queue: SegmentQueue | None = None, split_size: int | None = None) -> StoreScan:
+    """Dispatch data of every CommitLog segment, merged in order. Each segment is cut into
+    byte ranges (:mod:`rmqstore.splits`) scanned in parallel; a range whose resync does
+    not continue the previous range's chain is scanned again from where the chain says
+    (so the result is exactly a sequential walk of each segment)."""
+    from .redispatch import dispatch_split, merge_splits
+
     own = queue is None
     queue = queue or SegmentQueue(config.commit_log_dirs, config.mapped_file_size_commit_log,
                                   kind="commitlog")
     try:
-        jobs = _jobs(queue, check_crc, config.delay_millis, keys)
-        total = sum(j[2] for j in jobs)
+        splits = _splits(queue, config, split_size or SPLIT_SIZE)
+        total = sum(s.end - s.begin for s in splits)
         workers = processes if processes is not None else (os.cpu_count() or 1)
-        parts = []
+        task = functools.partial(dispatch_split, check_crc=check_crc,
+                                 delay_millis=config.delay_millis, keys=keys)
+        results = {}
         done = 0
-        if workers > 1 and len(jobs) > 1 and total >= PARALLEL_MIN_BYTES:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            with ProcessPoolExecutor(min(workers, len(jobs)),
-                                     mp_context=multiprocessing.get_context("fork")) as ex:
-                for j, part in zip(jobs, ex.map(_dispatch_job, jobs)):
-                    parts.append(part)
-                    done += j[2]
-                    if progress:
-                        progress(done, total)
+        if workers > 1 and len(splits) > 1 and total >= PARALLEL_MIN_BYTES:
+            it = _pool_map(task, splits, min(workers, len(splits)))
         else:
-            for j in jobs:
-                parts.append(_dispatch_job(j))
-                done += j[2]
-                if progress:
-                    progress(done, total)
+            it = map(task, splits)
+        for s, r in zip(splits, it):
+            results[s.split_id] = r
+            done += s.end - s.begin
+            if progress:
+                progress(done, total)
+        parts = []
+        by_file: dict[int, list] = {}
+        for s in splits:
+            by_file.setdefault(s.file_index, []).append(s)
+        for fi in sorted(by_file):
+            chain = []
+            expected: int | None = 0
+            for s in by_file[fi]:
+                if expected is None or expected >= s.end and chain:
+                    continue  # past the chain's end, or inside one record spanning the range
+                b, part = results.pop(s.split_id)
+                if b.first != expected:
+                    b, part = task(s.with_start(expected))
+                chain.append(part)
+                expected = b.chain_end if b.stop == "range" else None
+            parts.append(merge_splits(chain))
         return store_scan(parts, config.mapped_file_size_commit_log)
     finally:
         if own:
             queue.close()
-
-
-def _dispatch_job(job):
-    return dispatch_file(*job)
 
 
 # --- what dispatch writes, as arrays ------------------------------------------------------

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import layout as L
 from .codec import SCHEDULE_TOPIC, java_hash, parse_delay_levels, tags_code
-from .scan import RecordColumns, columns, consistent, walk_chain
+from .scan import RecordColumns, columns, consistent, walk_chain, walk_range
 
 _CHUNK = 64 * 1024 * 1024  # bytes compared at a time when looking for separators
 _FAST_MAX = 96  # values up to this many bytes are hashed vectorised
@@ -276,7 +276,12 @@ def segment_dispatch(buf, start: int, limit: int, *, check_crc: bool = True,
                      delay_millis=None, keys: bool = True) -> SegmentDispatch:
     """Everything dispatch and verify need from one segment's bytes."""
     cols, chain_end, stop = scan_segment(buf, start, limit)
-    out = SegmentDispatch(start, limit, chain_end, stop)
+    return _fill(SegmentDispatch(start, limit, chain_end, stop), cols, check_crc,
+                 delay_millis, keys)
+
+
+def _fill(out: SegmentDispatch, cols: RecordColumns, check_crc: bool, delay_millis,
+          keys: bool) -> SegmentDispatch:
     n = len(cols)
     if n == 0:
         return out
@@ -291,12 +296,79 @@ def segment_dispatch(buf, start: int, limit: int, *, check_crc: bool = True,
     out.size = cols.size.astype(np.int64)
     for name in ("queue_id", "queue_offset", "physical_offset", "sys_flag", "store_timestamp"):
         setattr(out, name, getattr(cols, name))
-    sub = cols.take(slice(0, good))
+    sub = cols.take(slice(0, good)) if good < n else cols
     names, tid, code, krec, khash = dispatch_records(sub, delay_millis, keys=keys)
     out.topics = names
     out.topic_id = np.concatenate([tid, np.full(n - good, -1, np.int64)]) if good < n else tid
     out.tags_code = np.concatenate([code, np.zeros(n - good, np.int64)]) if good < n else code
     out.key_record, out.key_hash = krec, khash
+    return out
+
+
+def dispatch_split(split, check_crc: bool = True, delay_millis=None, keys: bool = True):
+    """(boundary, dispatch data) of the records starting in one byte range of a segment
+    (:mod:`rmqstore.splits`): a worker's task. The chain walk stops at the range end;
+    :func:`merge_splits` checks that consecutive ranges continue each other's chain."""
+    from .splits import Boundary, Window, resync
+
+    w = Window(split)
+    try:
+        base = split.file_start
+        if w.size == 0:
+            return (Boundary(split.split_id, 0, 0, "zeros", 0, True),
+                    SegmentDispatch(base, 0, base, "zeros"))
+        forced = split.start is not None or split.begin == 0
+        first = (split.start if split.start is not None else split.begin) if forced \
+            else resync(w, split.begin, split.end)
+        if first is None:
+            starts, stop_pos, stop = np.zeros(0, np.int64), split.begin, "none"
+        else:
+            starts, stop_pos, stop = walk_range(w.buf, first, split.end, w.size)
+        u8 = np.frombuffer(w.buf, dtype=np.uint8, count=w.size)
+        out = SegmentDispatch(base, w.size, base + stop_pos, stop)
+        _fill(out, columns(u8, starts, base), check_crc, delay_millis, keys)
+        return Boundary(split.split_id, first, stop_pos, stop, len(starts), forced), out
+    finally:
+        w.close()
+
+
+_PART_FIELDS = ("offset", "size", "consistent", "crc_ok", "queue_id", "queue_offset",
+                "physical_offset", "sys_flag", "store_timestamp", "tags_code")
+
+
+def merge_splits(parts: list[SegmentDispatch]) -> SegmentDispatch:
+    """One segment's :class:`SegmentDispatch` from its ranges' parts, in order (the last
+    one says where and why the chain stopped)."""
+    last = parts[-1]
+    out = SegmentDispatch(parts[0].start, last.limit, last.chain_end, last.stop)
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return out
+    for name in _PART_FIELDS:
+        setattr(out, name, np.concatenate([getattr(p, name) for p in parts]))
+    topics: dict[str, int] = {}
+    tids, krecs, khashes = [], [], []
+    base = 0
+    for p in parts:
+        remap = np.array([topics.setdefault(t, len(topics)) for t in p.topics] + [-1], np.int64)
+        tids.append(remap[p.topic_id])  # -1 (untrusted) maps to the trailing -1
+        krecs.append(p.key_record + base)
+        khashes.append(p.key_hash)
+        base += len(p)
+    out.topics = list(topics)
+    out.topic_id = np.concatenate(tids)
+    out.key_record = np.concatenate(krecs)
+    out.key_hash = np.concatenate(khashes)
+    n = len(out)
+    if not out.consistent.all():
+        # As for one whole segment: nothing after the first inconsistent record is trusted.
+        good = int(np.argmin(out.consistent))
+        out.crc_ok[good:] = True
+        out.topic_id[good:] = -1
+        out.tags_code[good:] = 0
+        keep = out.key_record < good
+        out.key_record, out.key_hash = out.key_record[keep], out.key_hash[keep]
+    assert len(out.topic_id) == n
     return out
 
 

@@ -38,12 +38,17 @@ def _int_at(u8: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
     """Big-endian signed ints of ``width`` bytes at each of ``pos``, as int64."""
     if len(pos) == 0:
         return np.zeros(0, dtype=np.int64)
-    view = _strided(u8, width)
-    if len(view) == 0:
+    n = len(u8) - width + 1
+    if n <= 0:
         return np.zeros(len(pos), dtype=np.int64)
-    # Positions past the end only come from damaged length fields; the size check that
-    # follows rejects those records, so any in-range value will do.
-    return view[np.minimum(pos, len(view) - 1)].astype(np.int64)
+    # Gathering native-order ints and swapping after is ~3x faster than gathering through
+    # a big-endian view. Positions past the end only come from damaged length fields; the
+    # size check that follows rejects those records, so any in-range value will do.
+    view = np.ndarray(shape=(n,), dtype=f"<i{width}", buffer=u8, offset=0, strides=(1,))
+    got = view[np.minimum(pos, n - 1)]
+    if width > 1:
+        got.byteswap(inplace=True)
+    return got.astype(np.int64)
 
 
 def walk_chain(buf, pos: int, limit: int) -> tuple[np.ndarray, int, str]:
@@ -134,27 +139,37 @@ def walk_range(buf, pos: int, end: int, limit: int) -> tuple[np.ndarray, int, st
     magic, size in [minimum, bytes left to ``limit``]). Returns (starts, where the chain
     stopped, why): "range" (it left ``[pos, end)`` at a plausible record header), "end",
     "short", "blank", "zeros", "bad magic" or "bad size" -- as a Python walk would."""
-    unpack = _HEAD.unpack_from
+    unpack = _SIZE.unpack_from
     starts = array("q")
     append = starts.append
-    v1, v2 = L.MAGIC_V1, L.MAGIC_V2
     first = pos
-    last = limit - 8
-    while pos < end and pos <= last:
-        size, magic = unpack(buf, pos)
-        if (magic != v1 and magic != v2) or not _MIN_RECORD <= size <= limit - pos:
+    stop = min(end, limit - 7)  # a header is readable below this
+    probe = first + _PROBE * _VEC_MAX_AVG
+    vec = None
+    # The loop reads only TOTALSIZE; magics are checked afterwards, vectorised.
+    while pos < stop:
+        (size,) = unpack(buf, pos)
+        if not _MIN_RECORD <= size <= limit - pos:
             break
         append(pos)
         pos += size
         if len(starts) == _PROBE:
-            if (pos - first) // _PROBE < _VEC_MAX_AVG and pos < end:
-                u8 = np.frombuffer(buf, dtype=np.uint8, count=limit)
-                got = _walk_vec(buf, u8, pos, end, limit)
-                if got is not None:
-                    pieces, pos = got
-                    found = np.concatenate([np.frombuffer(starts, np.int64)] + pieces)
-                    return found, pos, _stop_at(buf, pos, end, limit)
+            if pos < probe and pos < stop:
+                vec = _walk_vec(buf, np.frombuffer(buf, dtype=np.uint8, count=limit),
+                                pos, end, limit)
+                if vec is not None:
+                    break
+            probe = -1
     found = np.frombuffer(starts, dtype=np.int64).copy() if len(starts) else np.zeros(0, np.int64)
+    if len(found):
+        magic = _int_at(np.frombuffer(buf, dtype=np.uint8, count=limit), found + 4, 4)
+        good = (magic == L.MAGIC_V1) | (magic == L.MAGIC_V2)
+        if not good.all():
+            k = int(np.argmin(good))
+            found, pos, vec = found[:k], int(found[k]), None
+    if vec is not None:
+        pieces, pos = vec
+        found = np.concatenate([found] + pieces)
     return found, pos, _stop_at(buf, pos, end, limit)
 
 
