@@ -57,21 +57,61 @@ class PutStatus(str, enum.Enum):
     UNKNOWN_ERROR = "UNKNOWN_ERROR"
 
 
-@dataclass(slots=True)
 class PutResult:
-    """What a put reports back: status, where the record went, its ids."""
+    """What a put reports back: status, where the record went, its ids.
 
-    status: PutStatus
-    offset: int = -1  # wroteOffset: PHYSICALOFFSET of the record
-    size: int = 0  # wroteBytes: TOTALSIZE
-    queue_offset: int = -1
-    store_timestamp: int = 0
-    msg_id: str = ""  # offsetMsgId (spec §5.1)
-    reason: str = ""  # why a put failed, for people
+    ``msg_id`` is the offsetMsgId (spec §5.1). A put that knows its store host's prefix
+    passes ``prefix`` instead, and the id is made on first read (as the broker's
+    msgIdSupplier does): a caller that never reads it does not pay for the hex text.
+    """
+
+    __slots__ = ("status", "offset", "size", "queue_offset", "store_timestamp", "_msg_id",
+                 "reason", "_prefix")
+
+    def __init__(self, status: PutStatus, offset: int = -1, size: int = 0,
+                 queue_offset: int = -1, store_timestamp: int = 0, msg_id: str = "",
+                 reason: str = "", *, prefix: str | None = None):
+        self.status = status
+        self.offset = offset  # wroteOffset: PHYSICALOFFSET of the record
+        self.size = size  # wroteBytes: TOTALSIZE
+        self.queue_offset = queue_offset
+        self.store_timestamp = store_timestamp
+        self._msg_id = msg_id if prefix is None else None
+        self.reason = reason  # why a put failed, for people
+        self._prefix = prefix
+
+    @property
+    def msg_id(self) -> str:
+        m = self._msg_id
+        if m is None:
+            m = self._msg_id = f"{self._prefix}{self.offset:016X}"
+        return m
+
+    @msg_id.setter
+    def msg_id(self, value: str) -> None:
+        self._msg_id = value
 
     @property
     def ok(self) -> bool:
         return self.status is PutStatus.PUT_OK
+
+    def _fields(self) -> tuple:
+        return (self.status, self.offset, self.size, self.queue_offset, self.store_timestamp,
+                self.msg_id, self.reason)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, PutResult):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # mutable (status changes on a flush timeout), like the dataclass was
+
+    def __repr__(self) -> str:
+        return ("PutResult(status={!r}, offset={!r}, size={!r}, queue_offset={!r}, "
+                "store_timestamp={!r}, msg_id={!r}, reason={!r})").format(*self._fields())
+
+
+_PUT_OK = PutStatus.PUT_OK
 
 
 class PutResults(_SequenceABC):
@@ -497,7 +537,7 @@ class CommitLogAppender:
             prefix = offset_msg_id(store, 0)[:-16]
             if len(self._msg_id_prefix) < 1024:
                 self._msg_id_prefix[store] = prefix
-        return PutResult(PutStatus.PUT_OK, end, total, qoff, ts, f"{prefix}{end:016X}")
+        return PutResult(_PUT_OK, end, total, qoff, ts, prefix=prefix)
 
     # --- the vectorised batch -------------------------------------------------------------
 
