@@ -145,38 +145,53 @@ def dispatched(scan: StoreScan, from_offset: int = 0) -> Dispatched:
     for p, k in zip(scan.parts, scan.kept):
         if not k:
             continue
-        gid = np.array([topic_ids.setdefault(t, len(topic_ids)) for t in p.topics] or [0], np.int64)
-        sel = np.flatnonzero(p.offset[:k] >= from_offset)
-        if not len(sel):
+        gid = np.array([topic_ids.setdefault(t, len(topic_ids)) for t in p.topics] or [0], np.int32)
+        # Offsets increase within a segment: the records at or after ``from_offset`` are
+        # a suffix, so plain slices (no fancy indexing) select them.
+        a = int(np.searchsorted(p.offset[:k], from_offset)) if from_offset else 0
+        if a >= k:
             continue
-        tid = gid[p.topic_id[sel]]
-        rec_parts.append((tid, p.queue_id[sel], p.queue_offset[sel], p.physical_offset[sel],
-                          p.size[sel], p.tags_code[sel], p.cq_mask[sel], p.store_timestamp[sel]))
-        km = p.key_record < k
-        kr, kh = p.key_record[km], p.key_hash[km]
-        kk = p.offset[kr] >= from_offset
-        kr, kh = kr[kk], kh[kk]
+        sel = slice(a, k)
+        tx = p.sys_flag[sel] & L.SYSFLAG_TRANSACTION_MASK
+        cq = (tx == L.TRANSACTION_NOT_TYPE) | (tx == L.TRANSACTION_COMMIT)
+        rec_parts.append((gid[p.topic_id[sel]], p.queue_id[sel], p.queue_offset[sel],
+                          p.physical_offset[sel], p.size[sel], p.tags_code[sel], cq,
+                          p.store_timestamp[sel]))
+        kr, kh = p.key_record, p.key_hash
+        if len(kr) and (kr[0] < a or kr[-1] >= k):
+            km = (kr >= a) & (kr < k)  # key records are in record order
+            kr, kh = kr[km], kh[km]
         # Index entries use the stored PHYSICALOFFSET and STORETIMESTAMP (spec §7.3).
         key_parts.append((kh, p.physical_offset[kr], p.store_timestamp[kr]))
-        out.messages += len(sel)
+        out.messages += k - a
         out.bytes += int(p.size[sel].sum())
     if rec_parts:
         tid, qid, qo, phy, size, tags, cq, ts = (np.concatenate(c) for c in zip(*rec_parts))
-        ts_cq = ts[cq]
-        out.last_cq_timestamp = int(ts_cq[-1]) if len(ts_cq) else 0
-        tid, qid, qo, phy, size, tags = tid[cq], qid[cq], qo[cq], phy[cq], size[cq], tags[cq]
+        if not cq.all():
+            tid, qid, qo, phy, size, tags, ts = (x[cq] for x in (tid, qid, qo, phy, size, tags, ts))
+        out.last_cq_timestamp = int(ts[-1]) if len(ts) else 0
         if len(tid):
             qmin = int(qid.min())
             span = int(qid.max()) - qmin + 1
-            key = tid * span + (qid - qmin)
-            order = np.argsort(key, kind="stable")  # per queue, CommitLog order kept
-            ks = key[order]
-            cuts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1], True])
+            key = tid.astype(np.int64) * span + (qid - qmin)
+            nkeys = len(topic_ids) * span
+            # A small key range sorts by radix (stable: CommitLog order kept per queue).
+            key = key.astype(np.int16 if nkeys < 2**15 else np.int32 if nkeys < 2**31 else np.int64)
+            order = np.argsort(key, kind="stable")
+            counts = np.bincount(key, minlength=nkeys) if nkeys < 2**24 else None
+            qo, phy, size, tags = qo[order], phy[order], size[order], tags[order]
+            if counts is not None:
+                ids = np.flatnonzero(counts)
+                ends = np.cumsum(counts)[ids]
+                begins = ends - counts[ids]
+            else:
+                ks = key[order]
+                cuts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1], True])
+                ids, begins, ends = ks[cuts[:-1]], cuts[:-1], cuts[1:]
             by_id = {v: t for t, v in topic_ids.items()}
-            for a, b in zip(cuts[:-1], cuts[1:]):
-                sel = order[a:b]
-                t, q = divmod(int(ks[a]), span)
-                out.units[by_id[t], q + qmin] = (qo[sel], phy[sel], size[sel], tags[sel])
+            for kid, a, b in zip(ids.tolist(), begins.tolist(), ends.tolist()):
+                t, q = divmod(int(kid), span)
+                out.units[by_id[t], q + qmin] = (qo[a:b], phy[a:b], size[a:b], tags[a:b])
     if key_parts:
         out.key_hash, out.key_offset, out.key_timestamp = (np.concatenate(c) for c in zip(*key_parts))
     return out
