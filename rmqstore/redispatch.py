@@ -92,45 +92,65 @@ def _pow31(n: int) -> np.ndarray:
     return p
 
 
-def span_hash(u8: np.ndarray, pos: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """Java hash (as uint32) of each byte span read as text, and its UTF-16 length.
+_POW = _pow31(_FAST_MAX + 1)
+# 31 is odd, so it has an inverse mod 2^32: trailing zero bytes can be divided back out.
+_INV31 = pow(31, -1, 2**32)
+_INVPOW = np.array([pow(_INV31, k, 2**32) for k in range(_FAST_MAX + 2)], np.uint32)
 
-    ASCII spans up to ``_FAST_MAX`` bytes are hashed column by column; others are decoded
-    (UTF-8, malformed input replaced, as the broker decodes) and hashed in Python."""
+
+def rows(u8: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
+    """An (n, width) uint8 matrix: the ``width`` bytes at each of ``pos`` (one copy per
+    row; every ``pos + width`` must be within ``u8``)."""
+    view = np.lib.stride_tricks.as_strided(u8, shape=(max(len(u8) - width + 1, 0), width),
+                                           strides=(1, 1), writeable=False)
+    return view[pos]
+
+
+def span_hash(u8: np.ndarray, pos: np.ndarray, length: np.ndarray, flag: int | None = None):
+    """Java hash (as uint32) of each byte span read as text, and its UTF-16 length (and,
+    with ``flag``, whether the span holds that byte).
+
+    ASCII spans up to ``_FAST_MAX`` bytes are hashed vectorised: the spans are copied as
+    rows of a matrix (zeros past each span's end), Horner's rule becomes one dot product
+    with powers of 31, and the trailing zeros' factor 31^pad is divided back out (31 is
+    invertible mod 2^32). Others are decoded (UTF-8, malformed input replaced, as the
+    broker decodes) and hashed in Python."""
     n = len(pos)
     h = np.zeros(n, np.uint32)
     units = length.astype(np.int64).copy()
+    has = np.zeros(n, bool) if flag is not None else None
     if n == 0:
-        return h, units
-    fast = np.flatnonzero(length <= _FAST_MAX)
-    slow = np.flatnonzero(length > _FAST_MAX).tolist()
+        return (h, units) if flag is None else (h, units, has)
+    fast = (length <= _FAST_MAX) & (pos + _FAST_MAX <= len(u8))
+    slow = np.flatnonzero(~fast).tolist()
+    fast = np.flatnonzero(fast)
     lo = 0
     for hi in (8, 16, 32, 64, _FAST_MAX):  # width classes: padding stays under 2x
         sel = fast[(length[fast] > lo) & (length[fast] <= hi)]
         lo = hi
         if not len(sel):
             continue
-        # One gather of the spans *right-aligned* into a (width, n) matrix: leading zeros
-        # leave Horner's rule at 0, so each column is one multiply-add, no masks.
         ln = length[sel]
         width = int(ln.max())
-        shift = np.arange(width, dtype=np.int64)[:, None] - (width - ln)[None, :]
-        at = pos[sel][None, :] + shift
-        pad = shift < 0
-        at[pad] = 0
-        m = u8[at]
-        m[pad] = 0
-        hh = np.zeros(len(sel), np.uint32)
-        for j in range(width):
-            hh *= np.uint32(31)
-            hh += m[j]
+        m = rows(u8, pos[sel], width)
+        m[np.arange(width)[None, :] >= ln[:, None]] = 0
+        hh = m.astype(np.uint32) @ _POW[width - 1::-1]
+        hh *= _INVPOW[width - ln]
         h[sel] = hh
-        slow.extend(sel[(m >= 0x80).any(axis=0)].tolist())
+        if flag is not None:
+            has[sel] = (m == flag).any(axis=1)
+        slow.extend(sel[(m >= 0x80).any(axis=1)].tolist())
+        fast = fast[length[fast] > hi]
+        if not len(fast):
+            break
     for i in slow:
-        s = u8[int(pos[i]):int(pos[i] + length[i])].tobytes().decode("utf-8", "replace")
+        raw = u8[int(pos[i]):int(pos[i] + length[i])].tobytes()
+        s = raw.decode("utf-8", "replace")
         h[i] = java_hash(s) & 0xFFFFFFFF
         units[i] = len(s.encode("utf-16-be", "surrogatepass")) // 2
-    return h, units
+        if flag is not None:
+            has[i] = flag in raw
+    return (h, units) if flag is None else (h, units, has)
 
 
 def sorted_isin(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
@@ -232,37 +252,48 @@ def index_keys(cols: RecordColumns, u8, segs, names, tid):
     upos, ulen = lookup(u8, segs, n, b"UNIQ_KEY")
     kpos, klen = lookup(u8, segs, n, b"KEYS")
     rollback = (cols.sys_flag & L.SYSFLAG_TRANSACTION_MASK) == L.TRANSACTION_ROLLBACK
-    # KEYS tokens: split the value on single spaces, dropping empty tokens.
+    ur = np.flatnonzero((upos >= 0) & ~rollback)
     kr = np.flatnonzero((kpos >= 0) & ~rollback)
-    tok_pos = tok_len = tok_rec = np.zeros(0, np.int64)
-    if len(kr):
-        total = int(klen[kr].sum())
-        base = np.repeat(kpos[kr] - np.concatenate(([0], np.cumsum(klen[kr])[:-1])), klen[kr])
+    # A KEYS value without a space is one token: hash it whole (and learn which have one).
+    kh, kunits, spaced = span_hash(u8, kpos[kr], klen[kr], 0x20)
+    single = ~spaced
+    tok_rec, tok_h, tok_u = kr[single], kh[single], kunits[single]
+    if spaced.any():
+        # KEYS tokens: split the value on single spaces, dropping empty tokens.
+        sr = kr[spaced]
+        total = int(klen[sr].sum())
+        base = np.repeat(kpos[sr] - np.concatenate(([0], np.cumsum(klen[sr])[:-1])), klen[sr])
         flat_pos = base + np.arange(total)
-        owner = np.repeat(kr, klen[kr])
+        owner = np.repeat(sr, klen[sr])
         sp = u8[flat_pos] == 0x20
-        # token boundaries: value starts, positions after a space
         starts_flag = np.ones(total, bool)
         starts_flag[1:] = (owner[1:] != owner[:-1]) | sp[:-1]
         starts_flag &= ~sp
         st = np.flatnonzero(starts_flag)
-        # token end: next space or value end
         brk = np.flatnonzero(sp | np.r_[owner[1:] != owner[:-1], True])
         en = brk[np.searchsorted(brk, st, side="left")]
         en = np.where(sp[en], en, en + 1)
-        tok_pos, tok_len, tok_rec = flat_pos[st], en - st, owner[st]
-    ur = np.flatnonzero((upos >= 0) & ~rollback)
-    rec = np.concatenate([ur, tok_rec])
-    kpos_all = np.concatenate([upos[ur], tok_pos])
-    klen_all = np.concatenate([ulen[ur], tok_len])
-    sub = np.concatenate([np.zeros(len(ur), np.int64), np.arange(1, len(tok_rec) + 1)])
-    order = np.lexsort((sub, rec))
-    rec, kpos_all, klen_all = rec[order], kpos_all[order], klen_all[order]
+        h2, u2 = span_hash(u8, flat_pos[st], en - st)
+        tok_rec = np.concatenate([tok_rec, owner[st]])
+        tok_h = np.concatenate([tok_h, h2])
+        tok_u = np.concatenate([tok_u, u2])
+        order = np.argsort(tok_rec, kind="stable")  # tokens of one record stay in order
+        tok_rec, tok_h, tok_u = tok_rec[order], tok_h[order], tok_u[order]
+    if len(ur):
+        uh, uu = span_hash(u8, upos[ur], ulen[ur])
+        rec = np.concatenate([ur, tok_rec])
+        hs = np.concatenate([uh, tok_h])
+        us = np.concatenate([uu, tok_u])
+        if len(tok_rec):
+            # UNIQ_KEY comes before the KEYS tokens of its record (a stable merge).
+            order = np.argsort(rec, kind="stable")
+            rec, hs, us = rec[order], hs[order], us[order]
+    else:
+        rec, hs, us = tok_rec, tok_h, tok_u
     if not len(rec):
-        return rec, np.zeros(0, np.int64)
-    kh, units = span_hash(u8, kpos_all, klen_all)
+        return rec.astype(np.int64), np.zeros(0, np.int64)
     th = np.array([java_hash(t) & 0xFFFFFFFF for t in names], np.uint32)
-    return rec, index_hash_from(th[tid[rec]], kh, units)
+    return rec, index_hash_from(th[tid[rec]], hs, us)
 
 
 def scan_segment(buf, start: int, limit: int, *, check_crc: bool = True) -> tuple[RecordColumns, int, str]:
