@@ -27,34 +27,69 @@ _CHUNK = 64 * 1024 * 1024  # bytes compared at a time when looking for separator
 _FAST_MAX = 96  # values up to this many bytes are hashed vectorised
 
 
+def rows(u8: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
+    """An (n, width) uint8 matrix: the ``width`` bytes at each of ``pos`` (one copy per
+    row; every ``pos + width`` must be within ``u8``)."""
+    view = np.lib.stride_tricks.as_strided(u8, shape=(max(len(u8) - width + 1, 0), width),
+                                           strides=(1, 1), writeable=False)
+    return view[pos]
+
+
 # --- property lookup (spec §3.4) -----------------------------------------------------------
 
 
+_ROWS_MAX = 256  # properties up to this long are copied as matrix rows to find separators
+
+
 def property_segments(u8: np.ndarray, props_pos: np.ndarray, props_len: np.ndarray):
-    """(segment start, segment end, record index) of every ``0x02``-separated property
-    segment of every record, in byte order."""
+    """(segment start, segment end, record index, first 4 bytes as a native int) of every
+    ``0x02``-separated property segment of every record, in byte order."""
     has = props_len > 0
     if not has.any():
         z = np.zeros(0, np.int64)
-        return z, z, z
+        return z, z, z, z
     end = props_pos + props_len
-    lo, hi = int(props_pos[has][0]), int(end[has][-1])
-    seps = []
-    for a in range(lo, hi, _CHUNK):
-        b = min(hi, a + _CHUNK)
-        seps.append(np.flatnonzero(u8[a:b] == 2) + a)
-    sep = np.concatenate(seps) if seps else np.zeros(0, np.int64)
-    rec = np.searchsorted(props_pos, sep, side="right") - 1
-    inside = (rec >= 0) & (sep < end[np.maximum(rec, 0)])
-    sep, rec = sep[inside], rec[inside]
     rec_has = np.flatnonzero(has)
-    starts = np.concatenate([props_pos[rec_has], sep + 1])
-    owner = np.concatenate([rec_has, rec])
-    order = np.argsort(starts, kind="stable")
-    starts, owner = starts[order], owner[order]
-    bounds = np.sort(np.concatenate([sep, end[rec_has]]))
-    ends = bounds[np.searchsorted(bounds, starts, side="left")]
-    return starts, ends, owner
+    width = int(props_len.max())
+    if width <= _ROWS_MAX and int(props_pos[rec_has[-1]]) + width <= len(u8):
+        # Only the properties' bytes are searched (not bodies), as rows of a matrix.
+        m = rows(u8, props_pos[rec_has], width)
+        mask = m == 2
+        mask &= np.arange(width)[None, :] < props_len[rec_has][:, None]
+        r, c = np.nonzero(mask)  # row-major: in byte order
+        rec = rec_has[r]
+        sep = props_pos[rec] + c
+    else:
+        lo, hi = int(props_pos[rec_has[0]]), int(end[rec_has[-1]])
+        seps = []
+        for a in range(lo, hi, _CHUNK):
+            b = min(hi, a + _CHUNK)
+            seps.append(np.flatnonzero(u8[a:b] == 2) + a)
+        sep = np.concatenate(seps) if seps else np.zeros(0, np.int64)
+        rec = np.searchsorted(props_pos, sep, side="right") - 1
+        inside = (rec >= 0) & (sep < end[np.maximum(rec, 0)])
+        sep, rec = sep[inside], rec[inside]
+    # Merge record starts and separators (both in byte order) without sorting: record
+    # i's first segment goes before the separators of record i.
+    nh, total = len(rec_has), len(rec_has) + len(sep)
+    slot = np.arange(nh) + np.searchsorted(rec, rec_has, side="left")
+    is_first = np.zeros(total, bool)
+    is_first[slot] = True
+    starts = np.empty(total, np.int64)
+    owner = np.empty(total, np.int64)
+    starts[slot] = props_pos[rec_has]
+    owner[slot] = rec_has
+    starts[~is_first] = sep + 1
+    owner[~is_first] = rec
+    ends = end[owner]
+    same = ~is_first[1:]
+    ends[:-1][same] = starts[1:][same] - 1
+    n4 = len(u8) - 3
+    head = np.zeros(total, np.int64)
+    if n4 > 0:
+        v = np.ndarray(shape=(n4,), dtype="<i4", buffer=u8, offset=0, strides=(1,))
+        head = v[np.minimum(starts, n4 - 1)]
+    return starts, ends, owner, head
 
 
 def lookup(u8: np.ndarray, segs, n: int, name: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -62,10 +97,17 @@ def lookup(u8: np.ndarray, segs, n: int, name: bytes) -> tuple[np.ndarray, np.nd
 
     A segment counts when its text before the first ``0x01`` is ``name`` and the value is
     not empty; when a name repeats, the later value wins (spec §3.4)."""
-    starts, ends, owner = segs
+    starts, ends, owner = segs[:3]
     m = len(name)
-    cand = np.flatnonzero(ends - starts >= m + 2)
-    for k, byte in enumerate(name + b"\x01"):
+    pattern = name + b"\x01"
+    if m >= 4 and len(segs) > 3:
+        cand = np.flatnonzero(segs[3] == int.from_bytes(pattern[:4], "little", signed=True))
+        cand = cand[ends[cand] - starts[cand] >= m + 2]
+        rest = enumerate(pattern[4:], 4)
+    else:
+        cand = np.flatnonzero(ends - starts >= m + 2)
+        rest = enumerate(pattern)
+    for k, byte in rest:
         if not len(cand):
             break
         cand = cand[u8[starts[cand] + k] == byte]
@@ -96,14 +138,6 @@ _POW = _pow31(_FAST_MAX + 1)
 # 31 is odd, so it has an inverse mod 2^32: trailing zero bytes can be divided back out.
 _INV31 = pow(31, -1, 2**32)
 _INVPOW = np.array([pow(_INV31, k, 2**32) for k in range(_FAST_MAX + 2)], np.uint32)
-
-
-def rows(u8: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    """An (n, width) uint8 matrix: the ``width`` bytes at each of ``pos`` (one copy per
-    row; every ``pos + width`` must be within ``u8``)."""
-    view = np.lib.stride_tricks.as_strided(u8, shape=(max(len(u8) - width + 1, 0), width),
-                                           strides=(1, 1), writeable=False)
-    return view[pos]
 
 
 def span_hash(u8: np.ndarray, pos: np.ndarray, length: np.ndarray, flag: int | None = None):
