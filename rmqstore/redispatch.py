@@ -53,12 +53,11 @@ def property_segments(u8: np.ndarray, props_pos: np.ndarray, props_len: np.ndarr
     width = int(props_len.max())
     if width <= _ROWS_MAX and int(props_pos[rec_has[-1]]) + width <= len(u8):
         # Only the properties' bytes are searched (not bodies), as rows of a matrix.
-        m = rows(u8, props_pos[rec_has], width)
-        mask = m == 2
-        mask &= np.arange(width)[None, :] < props_len[rec_has][:, None]
-        r, c = np.nonzero(mask)  # row-major: in byte order
-        rec = rec_has[r]
-        sep = props_pos[rec] + c
+        flat = np.flatnonzero(rows(u8, props_pos[rec_has], width) == 2)  # in byte order
+        r, c = np.divmod(flat, width)
+        keep = c < props_len[rec_has[r]]
+        r, c = r[keep], c[keep]
+        sep = props_pos[rec_has[r]] + c
     else:
         lo, hi = int(props_pos[rec_has[0]]), int(end[rec_has[-1]])
         seps = []
@@ -69,23 +68,25 @@ def property_segments(u8: np.ndarray, props_pos: np.ndarray, props_len: np.ndarr
         rec = np.searchsorted(props_pos, sep, side="right") - 1
         inside = (rec >= 0) & (sep < end[np.maximum(rec, 0)])
         sep, rec = sep[inside], rec[inside]
-    # Merge record starts and separators (both in byte order) without sorting: record
-    # i's first segment goes before the separators of record i.
-    nh, total = len(rec_has), len(rec_has) + len(sep)
-    slot = np.arange(nh) + np.searchsorted(rec, rec_has, side="left")
-    is_first = np.zeros(total, bool)
-    is_first[slot] = True
-    starts = np.empty(total, np.int64)
-    owner = np.empty(total, np.int64)
-    starts[slot] = props_pos[rec_has]
-    owner[slot] = rec_has
-    starts[~is_first] = sep + 1
-    owner[~is_first] = rec
-    ends = end[owner]
-    same = ~is_first[1:]
-    ends[:-1][same] = starts[1:][same] - 1
+        r = np.searchsorted(rec_has, rec)  # row of each separator's record
+    # Merge record starts and separators (both in byte order) without sorting: row i's
+    # first segment goes right before its separators, each separator starts a segment
+    # and ends the one before it.
+    nh, ns = len(rec_has), len(sep)
+    cnt = np.bincount(r, minlength=nh)
+    slot_first = np.arange(nh) + (np.cumsum(cnt) - cnt)
+    slot_sep = np.arange(ns) + r + 1
+    starts = np.empty(nh + ns, np.int64)
+    owner = np.empty(nh + ns, np.int64)
+    ends = np.empty(nh + ns, np.int64)
+    starts[slot_first] = props_pos[rec_has]
+    owner[slot_first] = rec_has
+    starts[slot_sep] = sep + 1
+    owner[slot_sep] = rec_has[r]
+    ends[slot_first + cnt] = end[rec_has]  # each row's last segment ends with it
+    ends[slot_sep - 1] = sep
     n4 = len(u8) - 3
-    head = np.zeros(total, np.int64)
+    head = np.zeros(nh + ns, np.int64)
     if n4 > 0:
         v = np.ndarray(shape=(n4,), dtype="<i4", buffer=u8, offset=0, strides=(1,))
         head = v[np.minimum(starts, n4 - 1)]
