@@ -437,7 +437,10 @@ def _read(w: Window, s: Split) -> SplitScan:
     if first is None:
         starts, stop_pos, stop = [], s.begin, "none"
     else:
-        starts, stop_pos, stop = _walk(w, first, s.end)
+        if w.complete and w.lo == 0:  # the whole file is mapped: the vectorised walk
+            starts, stop_pos, stop = scan.walk_range(w.buf, first, s.end, w.size)
+        else:
+            starts, stop_pos, stop = _walk(w, first, s.end)
     rel = np.array(starts, dtype=np.int64) - w.lo
     cols = scan.columns(w.u8(), rel, s.file_start + w.lo)
     ok = scan.consistent(cols)
