@@ -393,9 +393,51 @@ def dispatch_split(split, check_crc: bool = True, delay_millis=None, keys: bool 
         u8 = np.frombuffer(w.buf, dtype=np.uint8, count=w.size)
         out = SegmentDispatch(base, w.size, base + stop_pos, stop)
         _fill(out, columns(u8, starts, base), check_crc, delay_millis, keys)
-        return Boundary(split.split_id, first, stop_pos, stop, len(starts), forced), out
+        return Boundary(split.split_id, first, stop_pos, stop, len(starts), forced), _pack(out)
     finally:
         w.close()
+
+
+# What a split's part carries back to the parent, narrowed: offsets follow from the sizes
+# (the chain is contiguous), PHYSICALOFFSET is sent only when it differs from them, and
+# 32-bit fields travel as 32-bit ints. Pickling is most of a worker's hand-over cost.
+_NARROW = {"size": np.int32, "queue_id": np.int32, "sys_flag": np.int32,
+           "topic_id": np.int32, "key_record": np.int32, "key_hash": np.int32}
+_WIDE = ("queue_offset", "store_timestamp", "tags_code", "consistent", "crc_ok")
+
+
+def _pack(p: SegmentDispatch) -> dict:
+    d = {"start": p.start, "limit": p.limit, "chain_end": p.chain_end, "stop": p.stop,
+         "topics": p.topics, "n": len(p), "first": int(p.offset[0]) if len(p) else 0}
+    for name, dt in _NARROW.items():
+        d[name] = getattr(p, name).astype(dt)
+    for name in _WIDE:
+        d[name] = getattr(p, name)
+    same = len(p) == 0 or bool((p.physical_offset == p.offset).all())
+    d["physical_offset"] = None if same else p.physical_offset
+    return d
+
+
+def _unpack(d: dict) -> SegmentDispatch:
+    out = SegmentDispatch(d["start"], d["limit"], d["chain_end"], d["stop"])
+    n = d["n"]
+    if not n:
+        return out
+    size = d["size"].astype(np.int64)
+    off = np.empty(n, np.int64)
+    off[0] = d["first"]
+    np.cumsum(size[:-1], out=off[1:])
+    off[1:] += d["first"]
+    out.offset, out.size = off, size
+    for name in _NARROW:
+        if name != "size":  # 32-bit fields stay 32-bit: every consumer widens as needed
+            setattr(out, name, d[name])
+    for name in _WIDE:
+        setattr(out, name, d[name])
+    phy = d["physical_offset"]
+    out.physical_offset = off if phy is None else phy
+    out.topics = d["topics"]
+    return out
 
 
 _PART_FIELDS = ("offset", "size", "consistent", "crc_ok", "queue_id", "queue_offset",
@@ -405,6 +447,7 @@ _PART_FIELDS = ("offset", "size", "consistent", "crc_ok", "queue_id", "queue_off
 def merge_splits(parts: list[SegmentDispatch]) -> SegmentDispatch:
     """One segment's :class:`SegmentDispatch` from its ranges' parts, in order (the last
     one says where and why the chain stopped)."""
+    parts = [_unpack(p) if isinstance(p, dict) else p for p in parts]
     last = parts[-1]
     out = SegmentDispatch(parts[0].start, last.limit, last.chain_end, last.stop)
     parts = [p for p in parts if len(p)]
