@@ -1,8 +1,10 @@
 """Rebuild ConsumeQueue and IndexFile from the CommitLog (re-dispatch, spec §9).
 
-``rebuild(root)`` scans the CommitLog segments in parallel worker processes
-(:func:`scan_commitlog`: chain, §3.9 size rule, body CRC, tagsCode and index key hashes,
-all vectorised in :mod:`rmqstore.redispatch`), merges them in CommitLog order, and writes
+``rebuild(root)`` scans the CommitLog in parallel worker processes, each segment cut into
+32 MiB byte ranges (:func:`scan_commitlog` over :mod:`rmqstore.splits`: resync, chain,
+§3.9 size rule, body CRC, tagsCode and index key hashes, all vectorised in
+:mod:`rmqstore.redispatch`; ranges that do not continue each other's chain are re-read
+from where the chain says), merges them in CommitLog order, and writes
 new files into a scratch directory *inside* the store with the bulk builders
 (:func:`~rmqstore.consumequeue.build_consume_queue`, :func:`~rmqstore.index.build_index`),
 which write the same bytes as the broker's dispatch. The new directories are then swapped
