@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import sys
 from typing import Optional
 
@@ -19,6 +20,13 @@ bench_app = typer.Typer(help=BENCH_HELP, invoke_without_command=True, no_args_is
                         context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(bench_app, name="bench")
 
+class AppendMode(str, enum.Enum):
+    single = "single"
+    batch = "batch"
+    columns = "columns"
+    sync = "sync"
+
+
 COLUMNS = ("name", "messages", "MB", "seconds", "msgs/s", "MB/s", "status")
 
 _SIZE_HELP = "MiB of CommitLog data to generate (append writes about this much). Default 64."
@@ -27,6 +35,7 @@ _RUNS_HELP = "Runs per benchmark; the median is reported. Default 3."
 _DIR_HELP = "Folder to put the generated data in (to choose the disk); the data goes in a subfolder that is removed afterwards. Default: a temporary folder."
 _SEG_HELP = "CommitLog segment size in MiB (mappedFileSizeCommitLog). Default 1024, RocketMQ's."
 _LOOKUPS_HELP = "Keys looked up by the query-key benchmark per run. Default 1000."
+_MODE_HELP = "For append: single (MessageStore.put), batch (put_batch, 1000 a call), columns (put_columns, 1000 a call) or sync (SYNC_FLUSH group commit, 4 writer threads). Default single."
 _FORMAT_HELP = "Output format: table (default on a terminal), json (an array, one object per benchmark), or jsonl (default when piped)."
 
 
@@ -35,6 +44,8 @@ def _opts(ctx: typer.Context, **given):
 
     base = dict(ctx.obj or {})
     base.update({k: v for k, v in given.items() if v is not None})
+    if isinstance(base.get("append_mode"), AppendMode):
+        base["append_mode"] = base["append_mode"].value
     fmt = base.pop("fmt", None)
     return BenchOptions(**{k: v for k, v in base.items() if v is not None}), fmt
 
@@ -77,10 +88,11 @@ def bench(
     directory: Optional[str] = typer.Option(None, "--dir", help=_DIR_HELP),
     segment_mb: Optional[int] = typer.Option(None, "--segment-mb", min=1, max=2047, help=_SEG_HELP),
     lookups: Optional[int] = typer.Option(None, "--lookups", min=1, help=_LOOKUPS_HELP),
+    append_mode: Optional[AppendMode] = typer.Option(None, "--append-mode", help=_MODE_HELP, case_sensitive=False),
     fmt: Optional[Format] = typer.Option(None, "--format", "-f", help=_FORMAT_HELP, case_sensitive=False),
 ) -> None:
     ctx.obj = {"size_mb": size_mb, "body_size": body_size, "runs": runs, "dir": directory,
-               "segment_mb": segment_mb, "lookups": lookups, "fmt": fmt}
+               "segment_mb": segment_mb, "lookups": lookups, "append_mode": append_mode, "fmt": fmt}
     if ctx.invoked_subcommand is None:
         from rmqstore.bench import BENCHMARKS
 
@@ -98,12 +110,13 @@ def _command(name: str, doc: str):
         directory: Optional[str] = typer.Option(None, "--dir", help=_DIR_HELP),
         segment_mb: Optional[int] = typer.Option(None, "--segment-mb", min=1, max=2047, help=_SEG_HELP),
         lookups: Optional[int] = typer.Option(None, "--lookups", min=1, help=_LOOKUPS_HELP),
+        append_mode: Optional[AppendMode] = typer.Option(None, "--append-mode", help=_MODE_HELP, case_sensitive=False),
         fmt: Optional[Format] = typer.Option(None, "--format", "-f", help=_FORMAT_HELP, case_sensitive=False),
     ) -> None:
         from rmqstore.bench import BENCHMARKS
 
         opts, out = _opts(ctx, size_mb=size_mb, body_size=body_size, runs=runs, dir=directory,
-                          segment_mb=segment_mb, lookups=lookups, fmt=fmt)
+                          segment_mb=segment_mb, lookups=lookups, append_mode=append_mode, fmt=fmt)
         _run(BENCHMARKS if name == "all" else (name,), opts, out)
 
     command.__doc__ = doc

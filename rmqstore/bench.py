@@ -89,6 +89,9 @@ class BenchOptions:
     topics: int = 4
     queues: int = 8
     lookups: int = 1000
+    #: append path: single (put), batch (put_batch of 1000), columns (put_columns of
+    #: 1000), sync (SYNC_FLUSH group commit, 4 writer threads)
+    append_mode: str = "single"
 
     @property
     def size_bytes(self) -> int:
@@ -325,16 +328,23 @@ def _segment_size(opts: BenchOptions) -> int:
 def bench_append(opts: BenchOptions) -> BenchResult:
     from .append import bench_append as run, bench_messages
 
+    modes = {"single": {}, "batch": {"batch": 1000}, "columns": {"batch": 1000, "columns": True},
+             "sync": {"flush_disk_type": "SYNC_FLUSH", "threads": 4}}
+    if opts.append_mode not in modes:
+        raise ValueError(f"append mode must be one of {', '.join(modes)}")
     rsize = len(encode_record(next(bench_messages(1, opts.body_size))))
     count = max(1, opts.size_bytes // rsize)
+    if opts.append_mode == "sync":
+        count = min(count, 20_000)  # one fdatasync per group: keep the run short
+    name = "append" if opts.append_mode == "single" else f"append-{opts.append_mode}"
     with _Workdir(opts, "append") as d:
         def once(k: int):
             r = run(d / f"run{k}", count, body_size=opts.body_size,
-                    segment_size=_segment_size(opts))
+                    segment_size=_segment_size(opts), **modes[opts.append_mode])
             shutil.rmtree(d / f"run{k}", ignore_errors=True)
             return r["messages"], r["bytes"], r["seconds"]
 
-        return _median("append", opts.runs, once)
+        return _median(name, opts.runs, once)
 
 
 def bench_scan(opts: BenchOptions) -> BenchResult:
