@@ -103,16 +103,26 @@ def parse_properties(text: str) -> dict[str, str]:
 def serialize_properties(props: Mapping[str, str] | Iterable[tuple[str, str]],
                          trailing: bool = False) -> str:
     """``name\\x01value\\x02`` per pair in the given order; None values are skipped."""
-    items = props.items() if isinstance(props, Mapping) else props
+    # duck-typed: an isinstance check against the Mapping ABC costs more than the join
+    items = props.items() if hasattr(props, "items") else props
     parts = [f"{k}\x01{v}" for k, v in items if v is not None]
     text = "\x02".join(parts)
     return text + "\x02" if trailing and text else text
 
 
 def properties_need_text(props: Mapping[str, str], text: str) -> bool:
-    """True when ``props`` cannot reproduce ``text`` under either separator convention."""
-    plain = serialize_properties(props)
-    return text != plain and text != (plain + "\x02" if plain else plain)
+    """True when ``props`` (parsed from ``text``) cannot reproduce ``text`` under either
+    separator convention.
+
+    Parsing only ever loses information by dropping a malformed segment or by a later
+    duplicate replacing an earlier one; either way fewer names come out than segments
+    went in. So counting segments decides it without re-serialising."""
+    if not text:
+        return False
+    segments = text.count(L.PROPERTY_SEPARATOR) + 1
+    if text.endswith(L.PROPERTY_SEPARATOR):
+        segments -= 1  # the 0x02 some versions end with (spec §3.4)
+    return segments != len(props)
 
 
 def split_keys(keys: str | None) -> list[str]:

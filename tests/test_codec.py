@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rmqstore import layout as L
-from rmqstore.codec import (Host, Message, body_crc, decode_offset_msg_id, decode_record,
+from rmqstore.codec import (Host, Message, body_crc, properties_need_text, decode_offset_msg_id, decode_record,
                             encode_record, index_hash, index_hash_many, java_hash,
                             java_hash_many, offset_msg_id, parse_delay_levels,
                             parse_properties, serialize_properties, split_keys, tags_code)
@@ -158,3 +158,12 @@ def test_decode_rejects_damage():
     with pytest.raises(RecordError, match="CRC"):
         decode_record(bytes(raw), check_crc=True)
     assert decode_record(bytes(raw)).topic == "TopicTest"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "k", "\x01", "\x02", "é", "v"]), max_size=14).map("".join))
+def test_properties_need_text_is_exact(text):
+    props = parse_properties(text)
+    plain = serialize_properties(props)
+    reproducible = text in (plain, plain + "\x02" if plain else plain)
+    assert properties_need_text(props, text) == (not reproducible)
