@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -78,7 +79,7 @@ def generate_commitlog(root: str | os.PathLike, total_bytes: int, *, segment_siz
 
 def bench_spark_export(store: str, *, master: str = "local[2]", split_size: int = 64 << 20,
                        workdir: str | None = None, writers=("pyarrow", "spark"), repeat: int = 1) -> dict:
-    """Seconds for one-process export vs the Spark export of the same store (best of
+    """Seconds for one-process export vs the Spark export of the same store (median of
     ``repeat``), on a warm Spark session; returns the figures and the speed-up."""
     from . import jobs
     from .output import export_local
@@ -87,15 +88,14 @@ def bench_spark_export(store: str, *, master: str = "local[2]", split_size: int 
     res: dict = {"store": store, "master": master, "splitSize": split_size}
 
     def timed(fn):
-        best = None
+        times = []
         for i in range(repeat):
             out = work / f"out-{time.monotonic_ns()}"
             t = time.perf_counter()
             r = fn(str(out))
-            dt = time.perf_counter() - t
+            times.append(time.perf_counter() - t)
             shutil.rmtree(out, ignore_errors=True)
-            best = dt if best is None else min(best, dt)
-        return best, r
+        return statistics.median(times), r
 
     res["singleProcessSeconds"], r = timed(lambda o: export_local([store], o, split_size=split_size))
     res["records"] = r.records
