@@ -820,8 +820,8 @@ def _span_hashes(topic: str, buf: np.ndarray, ends: np.ndarray,
 
 def put_index_hashes(index, key_hashes, phy_offsets, store_timestamps) -> None:
     """``IndexService.put_hashes(..., skip_stale=True)`` for the keys of one batch (offsets
-    ascending), same bytes; the entries of each file are linked into their slot chains
-    with one sort of (slot, position) packed into int64 instead of a stable argsort."""
+    ascending), same bytes, without the general path's stale-key filtering when no key
+    can be stale (each file's entries are linked by :meth:`IndexFile.put_many`)."""
     h = np.asarray(key_hashes, dtype=np.int64)
     phy = np.asarray(phy_offsets, dtype=np.int64)
     ts = np.asarray(store_timestamps, dtype=np.int64)
@@ -837,59 +837,7 @@ def put_index_hashes(index, key_hashes, phy_offsets, store_timestamps) -> None:
         if f.is_write_full:
             f = index.current_file()
         m = min(index.geometry.index_num - f.header.index_count, n - i)
-        _file_put_many(f, h[i:i + m], phy[i:i + m], ts[i:i + m])
+        f.put_many(h[i:i + m], phy[i:i + m], ts[i:i + m])
         i += m
 
 
-def _file_put_many(f, key_hashes: np.ndarray, phy_offsets: np.ndarray,
-                   timestamps: np.ndarray) -> None:
-    """``IndexFile.put_many`` (putKey per entry, spec §7.4), same bytes."""
-    h, g = f.header, f.geometry
-    m, c0 = len(key_hashes), h.index_count
-    slot = key_hashes % g.hash_slot_num
-    slots = f.slots
-    ss = np.sort(slot)
-    if m < 2 or (ss[1:] != ss[:-1]).all():
-        # The usual case: no two keys of the batch share a slot. Each entry's previous
-        # is its slot's head (when that is a valid entry number), then it is the head.
-        ns = np.arange(c0, c0 + m, dtype=np.int64)
-        head = slots[slot].astype(np.int64)
-        head[(head <= 0) | (head > ns)] = 0
-        prev, set_at, set_to = head, slot, ns
-    else:
-        # Sorted by slot, then by position: each entry right after its chain predecessor.
-        packed = np.sort((slot << 32) | np.arange(m, dtype=np.int64))
-        ss = packed >> 32
-        order = packed & 0xFFFFFFFF
-        ns = order + c0
-        first = np.ones(m, dtype=bool)
-        np.not_equal(ss[1:], ss[:-1], out=first[1:])
-        last = np.ones(m, dtype=bool)
-        last[:-1] = first[1:]
-        head = slots[ss[first]].astype(np.int64)
-        head[(head <= 0) | (head > ns[first])] = 0
-        prev_sorted = np.empty(m, dtype=np.int64)
-        prev_sorted[1:] = ns[:-1]
-        prev_sorted[first] = head
-        prev = np.empty(m, dtype=np.int64)
-        prev[order] = prev_sorted
-        set_at, set_to = ss[last], ns[last]
-    begin = h.begin_timestamp
-    if c0 <= 1:
-        b = np.full(m, timestamps[0], dtype=np.int64)
-        b[0] = begin  # the first put sets beginTimestamp
-        td = np.where(b <= 0, 0, np.clip((timestamps - b) // 1000, 0, L.INT32_MAX))
-    elif begin <= 0:
-        td = 0
-    else:
-        td = np.clip((timestamps - begin) // 1000, 0, L.INT32_MAX)
-    block = f.entries[c0:c0 + m]
-    block["key_hash"], block["phy_offset"] = key_hashes, phy_offsets
-    block["time_diff"], block["prev_index"] = td, prev
-    slots[set_at] = set_to
-    if c0 <= 1:
-        h.begin_phy_offset, h.begin_timestamp = int(phy_offsets[0]), int(timestamps[0])
-    h.hash_slot_count += int(np.count_nonzero(head == 0))
-    h.index_count += m
-    h.end_phy_offset, h.end_timestamp = int(phy_offsets[-1]), int(timestamps[-1])
-    f._map[:L.INDEX_HEADER_SIZE] = h.pack()

@@ -236,23 +236,37 @@ class IndexFile:
             return
         if c0 + m > g.index_num:
             raise ValueError("entries do not fit in this IndexFile")
-        num = c0 + np.arange(m, dtype=np.int64)
-        slot = key_hashes % g.hash_slot_num
-        # A stable sort by slot puts each entry right after its predecessor in the chain.
-        order = np.argsort(slot, kind="stable")
-        ss, ns = slot[order], num[order]
-        first = np.ones(m, dtype=bool)
-        first[1:] = ss[1:] != ss[:-1]
-        last = np.ones(m, dtype=bool)
-        last[:-1] = first[1:]
+        slot = np.asarray(key_hashes, dtype=np.int64) % g.hash_slot_num
         slots = self.slots
-        head = slots[ss[first]].astype(np.int64)
-        head[(head <= 0) | (head > ns[first])] = 0
-        prev_sorted = np.empty(m, dtype=np.int64)
-        prev_sorted[1:] = ns[:-1]
-        prev_sorted[first] = head
-        prev = np.empty(m, dtype=np.int64)
-        prev[order] = prev_sorted
+        if m < 2 or (np.diff(np.sort(slot)) != 0).all():
+            # The usual case: no two new keys share a slot, so each entry's predecessor
+            # is its slot's current head (when that is a valid entry number).
+            ns = np.arange(c0, c0 + m, dtype=np.int64)
+            head = slots[slot].astype(np.int64)
+            head[(head <= 0) | (head > ns)] = 0
+            prev, set_at, set_to = head, slot, ns
+        else:
+            # Sorted by (slot, position), each entry sits right after its predecessor in
+            # the chain; packing both into one int64 makes that a plain sort.
+            if m < 1 << 31 and g.hash_slot_num < 1 << 31:
+                packed = np.sort((slot << 32) | np.arange(m, dtype=np.int64))
+                ss, order = packed >> 32, packed & 0xFFFFFFFF
+            else:
+                order = np.argsort(slot, kind="stable")
+                ss = slot[order]
+            ns = order + c0
+            first = np.ones(m, dtype=bool)
+            np.not_equal(ss[1:], ss[:-1], out=first[1:])
+            last = np.ones(m, dtype=bool)
+            last[:-1] = first[1:]
+            head = slots[ss[first]].astype(np.int64)
+            head[(head <= 0) | (head > ns[first])] = 0
+            prev_sorted = np.empty(m, dtype=np.int64)
+            prev_sorted[1:] = ns[:-1]
+            prev_sorted[first] = head
+            prev = np.empty(m, dtype=np.int64)
+            prev[order] = prev_sorted
+            set_at, set_to = ss[last], ns[last]
         begin = np.full(m, h.begin_timestamp, dtype=np.int64)
         if c0 <= 1:
             begin[1:] = timestamps[0]  # the first put sets beginTimestamp
@@ -260,7 +274,7 @@ class IndexFile:
         block = self.entries[c0:c0 + m]
         block["key_hash"], block["phy_offset"] = key_hashes, phy_offsets
         block["time_diff"], block["prev_index"] = td, prev
-        slots[ss[last]] = ns[last]
+        slots[set_at] = set_to
         if c0 <= 1:
             h.begin_phy_offset, h.begin_timestamp = int(phy_offsets[0]), int(timestamps[0])
         h.hash_slot_count += int(np.count_nonzero(head == 0))
