@@ -2,8 +2,8 @@
 reports it (with file and byte position), that no read-only command changes a file,
 that repair fixes it without losing a valid message, and that a second verify is clean.
 
-Seeded and fast as part of the normal run; ``RMQSTORE_STRESS=1`` adds many more seeds
-(``-m stress``).
+Seeded and fast as part of the normal run; ``RMQSTORE_STRESS=1 pytest -m stress
+tests/test_faults.py`` runs 40 more seeds (deselected otherwise).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import tree_hashes
-from rmqstore import layout as L
 from rmqstore.checkpoint import Checkpoint, write_checkpoint
 from rmqstore.codec import Message
 from rmqstore.config import StoreConfig
@@ -242,11 +241,7 @@ def test_fault(fault, base_store, tmp_path):
     run_fault(fault, base_store, tmp_path, seed=1)
 
 
-STRESS = os.environ.get("RMQSTORE_STRESS") == "1"
-
-
-@pytest.mark.stress
-@pytest.mark.skipif(not STRESS, reason="set RMQSTORE_STRESS=1 for the long fault-injection run")
+@pytest.mark.stress  # collected only with RMQSTORE_STRESS=1 (see conftest.py)
 @pytest.mark.parametrize("seed", range(40))
 def test_fault_stress(seed, tmp_path):
     base = make_store(tmp_path / "base", seed=seed, count=random.Random(seed).randint(50, 900))
