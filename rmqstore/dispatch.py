@@ -63,6 +63,13 @@ def _index_hash_from(prefix_hash: int, topic: str, token: str) -> int:
     return h
 
 
+# Digits for int(..., 31): an ASCII code c = 31 * (c // 31) + c % 31, each part a base-31
+# digit, so the Java hash of an ASCII token is 31 * int(q, 31) + int(r, 31) (mod 2**32).
+_DIGITS31 = b"0123456789abcdefghijklmnopqrstu"
+_Q31 = bytes(_DIGITS31[c // 31] if c < 128 else 48 for c in range(256))
+_R31 = bytes(_DIGITS31[c % 31] if c < 128 else 48 for c in range(256))
+_unit_pack_into = L.CQ_UNIT_STRUCT.pack_into
+
 def index_hashes(keys: Sequence[str]) -> np.ndarray:
     """Index hashes (spec §7.2) of many keys: Java ``String.hashCode`` as one matrix
     product per distinct key length instead of a loop over UTF-16 units."""
@@ -213,7 +220,78 @@ class Dispatcher:
                         size: int, sys_flag: int, store_timestamp: int, props: dict | None,
                         text: str = "") -> None:
         """:meth:`dispatch` for one record given as fields (the appender's fast put);
-        ``props`` None means parse ``text``. Same bytes, same order."""
+        ``props`` None means parse ``text``. Same bytes, same order.
+
+        The usual record (NOT_TYPE, not SCHEDULE_TOPIC, parsed properties, ASCII keys)
+        is handled inline: the CQ writer's next-unit store and the index key hashes
+        without a call each; anything else takes :meth:`_dispatch_record`."""
+        if props is None or sys_flag & 0xC or topic == SCHEDULE_TOPIC:
+            return self._dispatch_record(topic, queue_id, queue_offset, offset, size, sys_flag,
+                                         store_timestamp, props, text)
+        tags = props.get("TAGS")
+        if tags:
+            code = self._tags.get(tags)
+            if code is None:
+                code = self.tags_code_of(tags)
+        else:
+            code = 0
+        w = self._writers.get((topic, queue_id))
+        if w is None:
+            w = self._writer(topic, queue_id)
+        # ConsumeQueueWriter.put's usual case (the next unit, in the mapped segment).
+        pos = w.write_pos
+        end = offset + size
+        if pos is not None and queue_offset * 20 == pos and end > w.max_physic_offset:
+            rel = pos - w._map_start
+            if 0 <= rel < w.file_size and w._map_start == w._starts[-1]:
+                _unit_pack_into(w._map_cur, rel, offset, size, code)
+                w.write_pos = pos + 20
+                w.max_physic_offset = end
+                self.logics_timestamp = store_timestamp
+            elif w.put(queue_offset, offset, size, code):
+                self.logics_timestamp = store_timestamp
+        elif w.put(queue_offset, offset, size, code):
+            self.logics_timestamp = store_timestamp
+        index = self.index
+        if index is not None:
+            files = index.files
+            if not files or files[-1].header.index_count >= index.geometry.index_num:
+                index.current_file()  # build_index's getAndCreateLastIndexFile (§7.5)
+                files = index.files
+            f = files[-1]
+            if offset >= f.header.end_phy_offset:  # the §7.3 endPhyOffset rule
+                uniq = props.get("UNIQ_KEY")
+                k = props.get("KEYS")
+                if uniq is not None or k:
+                    ph = self._key_prefix.get(topic)
+                    if ph is None:
+                        ph = self._topic_prefix_hash(topic)
+                    if uniq is None and " " not in k:
+                        toks = (k,)  # the usual: one KEYS token
+                    else:
+                        toks = [uniq] if uniq is not None else []
+                        if k:
+                            toks += [t for t in k.split(" ") if t]
+                    for t in toks:
+                        n = len(t)
+                        if 0 < n <= _FAST_KEY_MAX and t.isascii():
+                            # Java hashCode of the ASCII token as two base-31 numbers
+                            # (c = 31*q + r): int() parses them in C.
+                            b = t.encode("ascii")
+                            h = (ph * _POW_N[n] + 31 * int(b.translate(_Q31), 31)
+                                 + int(b.translate(_R31), 31)) & 0xFFFFFFFF
+                            if h & 0x80000000:  # Math.abs of the int32; MIN_VALUE -> 0
+                                h = 0 if h == 0x80000000 else 0x100000000 - h
+                        else:
+                            h = _index_hash_from(ph, topic, t)
+                        if not files[-1].put(h, offset, store_timestamp):
+                            index.put_hash(h, offset, store_timestamp)  # full: next file
+        self.dispatched += 1
+
+    def _dispatch_record(self, topic: str, queue_id: int, queue_offset: int, offset: int,
+                         size: int, sys_flag: int, store_timestamp: int, props: dict | None,
+                         text: str = "") -> None:
+        """:meth:`dispatch_record` for any record (the general rules)."""
         if props is None:
             props = parse_properties(text)
         tx = sys_flag & L.SYSFLAG_TRANSACTION_MASK

@@ -35,6 +35,11 @@ _SLOTS_AT = L.INDEX_HEADER_SIZE  # hot paths: plain ints, not construct's sizeof
 _SLOT_SIZE = L.INDEX_SLOT_SIZE
 _ENTRY_SIZE = L.INDEX_ENTRY_SIZE
 
+_slot_unpack_from = _SLOT.unpack_from
+_slot_pack_into = _SLOT.pack_into
+_entry_pack_into = _ENTRY.pack_into
+_header_pack_into = _HEADER.pack_into
+_INT32_MAX = L.INT32_MAX
 
 @dataclass(frozen=True)
 class IndexGeometry:
@@ -200,30 +205,33 @@ class IndexFile:
 
     def put(self, key_hash: int, phy_offset: int, store_timestamp: int) -> bool:
         """putKey with a precomputed index hash; False when the file is write-full."""
-        h, g, mm = self.header, self.geometry, self._map
+        h = self.header
         count = h.index_count
+        g = self.geometry
         if count >= g.index_num:
             return False
+        mm = self._map
         sp = _SLOTS_AT + key_hash % g.hash_slot_num * _SLOT_SIZE
-        (head,) = _SLOT.unpack_from(mm, sp)
+        (head,) = _slot_unpack_from(mm, sp)
         if head <= 0 or head > count:
             head = 0
+            h.hash_slot_count += 1
         begin = h.begin_timestamp
         if begin <= 0:
             td = 0
         else:
             td = (store_timestamp - begin) // 1000  # seconds, clamped (spec §7.1)
-            td = 0 if td < 0 else (td if td < L.INT32_MAX else L.INT32_MAX)
-        _ENTRY.pack_into(mm, g._entries_start + count * _ENTRY_SIZE,
+            td = 0 if td < 0 else (td if td < _INT32_MAX else _INT32_MAX)
+        _entry_pack_into(mm, g._entries_start + count * _ENTRY_SIZE,
                          key_hash, phy_offset, td, head)
-        _SLOT.pack_into(mm, sp, count)
+        _slot_pack_into(mm, sp, count)
         if count <= 1:
-            h.begin_phy_offset, h.begin_timestamp = phy_offset, store_timestamp
-        if head == 0:
-            h.hash_slot_count += 1
+            h.begin_phy_offset = phy_offset
+            h.begin_timestamp = begin = store_timestamp
         h.index_count = count + 1
-        h.end_phy_offset, h.end_timestamp = phy_offset, store_timestamp
-        _HEADER.pack_into(mm, 0, h.begin_timestamp, store_timestamp, h.begin_phy_offset,
+        h.end_phy_offset = phy_offset
+        h.end_timestamp = store_timestamp
+        _header_pack_into(mm, 0, begin, store_timestamp, h.begin_phy_offset,
                           phy_offset, h.hash_slot_count, count + 1)
         return True
 
