@@ -39,6 +39,17 @@ _MODE_HELP = "For append: single (MessageStore.put), batch (put_batch, 1000 a ca
 _FORMAT_HELP = "Output format: table (default on a terminal), json (an array, one object per benchmark), or jsonl (default when piped)."
 
 
+# One set of options, shared by `rmqstore bench` and each `rmqstore bench NAME`.
+SIZE_MB = typer.Option(None, "--size-mb", min=0.01, help=_SIZE_HELP)
+BODY_SIZE = typer.Option(None, "--body-size", min=0, help=_BODY_HELP)
+RUNS = typer.Option(None, "--runs", min=1, help=_RUNS_HELP)
+DIRECTORY = typer.Option(None, "--dir", help=_DIR_HELP)
+SEGMENT_MB = typer.Option(None, "--segment-mb", min=1, max=2047, help=_SEG_HELP)
+LOOKUPS = typer.Option(None, "--lookups", min=1, help=_LOOKUPS_HELP)
+APPEND_MODE = typer.Option(None, "--append-mode", help=_MODE_HELP, case_sensitive=False)
+FORMAT = typer.Option(None, "--format", "-f", help=_FORMAT_HELP, case_sensitive=False)
+
+
 def _opts(ctx: typer.Context, **given):
     from rmqstore.bench import BenchOptions
 
@@ -82,14 +93,14 @@ def _run(names, opts, fmt: Optional[Format]) -> None:
 @handles_errors
 def bench(
     ctx: typer.Context,
-    size_mb: Optional[float] = typer.Option(None, "--size-mb", min=0.01, help=_SIZE_HELP),
-    body_size: Optional[int] = typer.Option(None, "--body-size", min=0, help=_BODY_HELP),
-    runs: Optional[int] = typer.Option(None, "--runs", min=1, help=_RUNS_HELP),
-    directory: Optional[str] = typer.Option(None, "--dir", help=_DIR_HELP),
-    segment_mb: Optional[int] = typer.Option(None, "--segment-mb", min=1, max=2047, help=_SEG_HELP),
-    lookups: Optional[int] = typer.Option(None, "--lookups", min=1, help=_LOOKUPS_HELP),
-    append_mode: Optional[AppendMode] = typer.Option(None, "--append-mode", help=_MODE_HELP, case_sensitive=False),
-    fmt: Optional[Format] = typer.Option(None, "--format", "-f", help=_FORMAT_HELP, case_sensitive=False),
+    size_mb: Optional[float] = SIZE_MB,
+    body_size: Optional[int] = BODY_SIZE,
+    runs: Optional[int] = RUNS,
+    directory: Optional[str] = DIRECTORY,
+    segment_mb: Optional[int] = SEGMENT_MB,
+    lookups: Optional[int] = LOOKUPS,
+    append_mode: Optional[AppendMode] = APPEND_MODE,
+    fmt: Optional[Format] = FORMAT,
 ) -> None:
     ctx.obj = {"size_mb": size_mb, "body_size": body_size, "runs": runs, "dir": directory,
                "segment_mb": segment_mb, "lookups": lookups, "append_mode": append_mode, "fmt": fmt}
@@ -104,14 +115,14 @@ def _command(name: str, doc: str):
     @handles_errors
     def command(
         ctx: typer.Context,
-        size_mb: Optional[float] = typer.Option(None, "--size-mb", min=0.01, help=_SIZE_HELP),
-        body_size: Optional[int] = typer.Option(None, "--body-size", min=0, help=_BODY_HELP),
-        runs: Optional[int] = typer.Option(None, "--runs", min=1, help=_RUNS_HELP),
-        directory: Optional[str] = typer.Option(None, "--dir", help=_DIR_HELP),
-        segment_mb: Optional[int] = typer.Option(None, "--segment-mb", min=1, max=2047, help=_SEG_HELP),
-        lookups: Optional[int] = typer.Option(None, "--lookups", min=1, help=_LOOKUPS_HELP),
-        append_mode: Optional[AppendMode] = typer.Option(None, "--append-mode", help=_MODE_HELP, case_sensitive=False),
-        fmt: Optional[Format] = typer.Option(None, "--format", "-f", help=_FORMAT_HELP, case_sensitive=False),
+        size_mb: Optional[float] = SIZE_MB,
+        body_size: Optional[int] = BODY_SIZE,
+        runs: Optional[int] = RUNS,
+        directory: Optional[str] = DIRECTORY,
+        segment_mb: Optional[int] = SEGMENT_MB,
+        lookups: Optional[int] = LOOKUPS,
+        append_mode: Optional[AppendMode] = APPEND_MODE,
+        fmt: Optional[Format] = FORMAT,
     ) -> None:
         from rmqstore.bench import BENCHMARKS
 

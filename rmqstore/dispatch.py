@@ -22,7 +22,7 @@ import collections
 import operator
 import threading
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -142,16 +142,7 @@ class Dispatcher:
         if topic == SCHEDULE_TOPIC and "DELAY" in props:
             from .codec import tags_code
             return tags_code(topic, props, store_ts, self.delay_millis)
-        tags = props.get("TAGS")
-        if not tags:
-            return 0
-        code = self._tags.get(tags)
-        if code is None:
-            # Tags repeat a lot; the Java hash of each distinct one is computed once.
-            if len(self._tags) >= _TAGS_CACHE_MAX:
-                self._tags.clear()
-            code = self._tags[tags] = java_hash(tags)
-        return code
+        return self.tags_code_of(props.get("TAGS"))
 
     def tags_code_of(self, tags: str | None) -> int:
         """tagsCode of a TAGS value outside SCHEDULE_TOPIC (0 for none or empty)."""
@@ -159,6 +150,7 @@ class Dispatcher:
             return 0
         code = self._tags.get(tags)
         if code is None:
+            # Tags repeat a lot; the Java hash of each distinct one is computed once.
             if len(self._tags) >= _TAGS_CACHE_MAX:
                 self._tags.clear()
             code = self._tags[tags] = java_hash(tags)
