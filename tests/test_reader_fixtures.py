@@ -3,14 +3,12 @@ every field equal, the walk in the same order, and valid data ending where Rocke
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from conftest import MESSAGE_SCENARIOS, ROCKETMQ_498, SEGMENT_4X, NO_FIXTURES, manifest, scenario_params
-from rmqstore.codec import decode_record, encode_record, parse_properties
+from rmqstore.codec import encode_record, parse_properties
 from rmqstore.commitlog import Check, CommitLog
 from rmqstore.config import load_config
 from rmqstore.reader import classify, open_segment_file, open_store
