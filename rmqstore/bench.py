@@ -43,7 +43,7 @@ from typing import Callable
 import numpy as np
 
 from . import layout as L
-from .codec import Host, Message, encode_record, index_hash, java_hash
+from .codec import Host, Message, encode_record, java_hash
 
 MB = 1024 * 1024
 BENCHMARKS = ("append", "scan", "verify", "rebuild", "query-key", "spark-export")

@@ -301,7 +301,6 @@ def _rebuild_cq(root: Path, scratch: Path, d: Dispatched, cfg: StoreConfig, star
     new.mkdir()
     if start:
         # Keep units before ``start`` (truncateDirtyLogicFiles, §10.4), then append.
-        old = root / "consumequeue"
         for ref in list_queues(root).queues:
             dst = new / ref.topic / str(ref.queue_id)
             shutil.copytree(ref.path, dst)
@@ -312,7 +311,6 @@ def _rebuild_cq(root: Path, scratch: Path, d: Dispatched, cfg: StoreConfig, star
                 n += w.put_many(qo, phy, size, tags)
                 if fsync:
                     w.flush()
-        del old
     else:
         n = write_consume_queues(new, d, cfg.cq_file_size, fsync=fsync)
     _fsync_dir(new)

@@ -9,7 +9,6 @@ import sys
 import time
 
 import numpy as np
-import pytest
 
 from conftest import REPO, tree_hashes
 from rmqstore import bench as B

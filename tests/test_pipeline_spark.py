@@ -11,7 +11,6 @@ import base64
 import filecmp
 import os
 import shutil
-import struct
 import sys
 from pathlib import Path
 
@@ -24,11 +23,10 @@ try:
 except ImportError:  # pragma: no cover
     pytest.skip("pyspark is not installed (pip install 'rmqstore[spark]')", allow_module_level=True)
 
-from conftest import MESSAGE_SCENARIOS, ROCKETMQ_498, SCENARIOS  # noqa: E402
+from conftest import ROCKETMQ_498, SCENARIOS  # noqa: E402
 
 from rmqstore import stats as STATS
 from rmqstore import layout as L  # noqa: E402
-from rmqstore import splits as S  # noqa: E402
 
 if not ROCKETMQ_498.is_dir():
     pytest.skip("RocketMQ fixtures absent", allow_module_level=True)
