@@ -112,6 +112,28 @@ class PutResult:
 
 
 _PUT_OK = PutStatus.PUT_OK
+# PREPARED (0x4) and ROLLBACK (0xC) are the two transaction types with this bit.
+_TX_PREPARED_BIT = 0x4
+assert L.TRANSACTION_PREPARED == 0x4 and L.TRANSACTION_ROLLBACK == 0xC
+assert L.TRANSACTION_COMMIT & 0x4 == 0 and L.TRANSACTION_NOT_TYPE == 0 and L.SYSFLAG_TRANSACTION_MASK == 0xC
+
+
+class _PutOk(PutResult):
+    """A PUT_OK :class:`PutResult` of the fast single put, made with fewer steps (no
+    keyword arguments, no defaults to resolve); the same object in every other way."""
+
+    __slots__ = ()
+
+    def __init__(self, offset: int, size: int, queue_offset: int, store_timestamp: int,
+                 prefix: str):
+        self.status = _PUT_OK
+        self.offset = offset
+        self.size = size
+        self.queue_offset = queue_offset
+        self.store_timestamp = store_timestamp
+        self._msg_id = None
+        self.reason = ""
+        self._prefix = prefix
 
 
 class PutResults(_SequenceABC):
@@ -509,8 +531,7 @@ class CommitLogAppender:
             if self._seg is None or total + 8 > self.size - end % self.size:
                 self._write_blank()
                 end = self.end
-            tx = sys_flag & _TX_MASK
-            if tx == L.TRANSACTION_PREPARED or tx == L.TRANSACTION_ROLLBACK:
+            if sys_flag & _TX_PREPARED_BIT:
                 qoff = 0  # PREPARED / ROLLBACK: 0, and no advance (spec §3.2)
             else:
                 counters = self.queue_offsets
@@ -537,7 +558,7 @@ class CommitLogAppender:
             prefix = offset_msg_id(store, 0)[:-16]
             if len(self._msg_id_prefix) < 1024:
                 self._msg_id_prefix[store] = prefix
-        return PutResult(_PUT_OK, end, total, qoff, ts, prefix=prefix)
+        return _PutOk(end, total, qoff, ts, prefix)
 
     # --- the vectorised batch -------------------------------------------------------------
 
