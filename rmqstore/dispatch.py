@@ -69,11 +69,6 @@ _DIGITS31 = b"0123456789abcdefghijklmnopqrstu"
 _Q31 = bytes(_DIGITS31[c // 31] if c < 128 else 48 for c in range(256))
 _R31 = bytes(_DIGITS31[c % 31] if c < 128 else 48 for c in range(256))
 _unit_pack_into = L.CQ_UNIT_STRUCT.pack_into
-# IndexFile.put's pieces, for its inline copy in Dispatcher.dispatch_record.
-from .index import (_SLOTS_AT as _IDX_SLOTS_AT, _SLOT_SIZE as _IDX_SLOT_SIZE,  # noqa: E402
-                    _ENTRY_SIZE as _IDX_ENTRY_SIZE, _slot_unpack_from as _idx_slot_unpack_from,
-                    _slot_pack_into as _idx_slot_pack_into, _entry_pack_into as _idx_entry_pack_into,
-                    _header_pack_into as _idx_header_pack_into, _INT32_MAX)
 
 def index_hashes(keys: Sequence[str]) -> np.ndarray:
     """Index hashes (spec §7.2) of many keys: Java ``String.hashCode`` as one matrix
@@ -251,10 +246,7 @@ class Dispatcher:
             self.logics_timestamp = store_timestamp
         index = self.index
         if index is not None:
-            files = index.files
-            if not files or files[-1].header.index_count >= index.geometry.index_num:
-                index.current_file()  # build_index's getAndCreateLastIndexFile (§7.5)
-                files = index.files
+            files = self._index_files(index)
             f = files[-1]
             if offset >= f.header.end_phy_offset:  # the §7.3 endPhyOffset rule
                 uniq = props.get("UNIQ_KEY")
@@ -281,38 +273,19 @@ class Dispatcher:
                                 h = 0 if h == 0x80000000 else 0x100000000 - h
                         else:
                             h = _index_hash_from(ph, topic, t)
-                        # IndexFile.put, inline (same steps, same bytes).
-                        f = files[-1]
-                        hd = f.header
-                        count = hd.index_count
-                        g = f.geometry
-                        if count >= g.index_num:
+                        if not files[-1].put(h, offset, store_timestamp):
                             index.put_hash(h, offset, store_timestamp)  # full: next file
-                            continue
-                        mm = f._map
-                        sp = _IDX_SLOTS_AT + h % g.hash_slot_num * _IDX_SLOT_SIZE
-                        (head,) = _idx_slot_unpack_from(mm, sp)
-                        if head <= 0 or head > count:
-                            head = 0
-                            hd.hash_slot_count += 1
-                        begin = hd.begin_timestamp
-                        if begin <= 0:
-                            td = 0
-                        else:
-                            td = (store_timestamp - begin) // 1000
-                            td = 0 if td < 0 else (td if td < _INT32_MAX else _INT32_MAX)
-                        _idx_entry_pack_into(mm, g._entries_start + count * _IDX_ENTRY_SIZE,
-                                             h, offset, td, head)
-                        _idx_slot_pack_into(mm, sp, count)
-                        if count <= 1:
-                            hd.begin_phy_offset = offset
-                            hd.begin_timestamp = begin = store_timestamp
-                        hd.index_count = count + 1
-                        hd.end_phy_offset = offset
-                        hd.end_timestamp = store_timestamp
-                        _idx_header_pack_into(mm, 0, begin, store_timestamp, hd.begin_phy_offset,
-                                              offset, hd.hash_slot_count, count + 1)
         self.dispatched += 1
+
+    @staticmethod
+    def _index_files(index):
+        """The index files, the last one with room (build_index's
+        getAndCreateLastIndexFile, §7.5)."""
+        files = index.files
+        if not files or files[-1].header.index_count >= index.geometry.index_num:
+            index.current_file()
+            files = index.files
+        return files
 
     def _dispatch_record(self, topic: str, queue_id: int, queue_offset: int, offset: int,
                          size: int, sys_flag: int, store_timestamp: int, props: dict | None,
@@ -338,10 +311,7 @@ class Dispatcher:
                 self.logics_timestamp = store_timestamp
         index = self.index
         if index is not None:
-            files = index.files
-            if not files or files[-1].header.index_count >= index.geometry.index_num:
-                index.current_file()  # build_index's getAndCreateLastIndexFile (§7.5)
-                files = index.files
+            files = self._index_files(index)
             f = files[-1]
             # The §7.3 rules: offset below the file's endPhyOffset, or ROLLBACK: no keys.
             if offset >= f.header.end_phy_offset and tx != L.TRANSACTION_ROLLBACK:
