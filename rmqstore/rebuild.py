@@ -35,6 +35,7 @@ from .config import StoreConfig, load_config
 from .consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, build_consume_queue, list_queues
 from .errors import NotAStoreError
 from .index import IndexFile, IndexGeometry, IndexService, _list_index_files
+from .grouped import grouped_dispatch, grouped_split
 from .redispatch import StoreScan, store_scan
 from .segments import SegmentQueue
 
@@ -81,6 +82,18 @@ def scan_commitlog(config: StoreConfig, *, check_crc: bool = True, keys: bool = 
     (so the result is exactly a sequential walk of each segment)."""
     from .redispatch import dispatch_split, merge_splits
 
+    task = functools.partial(dispatch_split, check_crc=check_crc,
+                             delay_millis=config.delay_millis, keys=keys)
+    chains = scan_chains(config, task, processes=processes, progress=progress, queue=queue,
+                         split_size=split_size)
+    return store_scan([merge_splits(c) for c in chains], config.mapped_file_size_commit_log)
+
+
+def scan_chains(config: StoreConfig, task, *, processes: int | None = None,
+                progress: Progress | None = None, queue: SegmentQueue | None = None,
+                split_size: int | None = None) -> list[list]:
+    """Per segment, the parts ``task`` made of its byte ranges along the record chain, in
+    order (``task(split)`` gives ``(Boundary, part)``; ranges run in parallel)."""
     own = queue is None
     queue = queue or SegmentQueue(config.commit_log_dirs, config.mapped_file_size_commit_log,
                                   kind="commitlog")
@@ -88,8 +101,6 @@ def scan_commitlog(config: StoreConfig, *, check_crc: bool = True, keys: bool = 
         splits = _splits(queue, config, split_size or SPLIT_SIZE)
         total = sum(s.end - s.begin for s in splits)
         workers = processes if processes is not None else (os.cpu_count() or 1)
-        task = functools.partial(dispatch_split, check_crc=check_crc,
-                                 delay_millis=config.delay_millis, keys=keys)
         results = {}
         done = 0
         if workers > 1 and len(splits) > 1 and total >= PARALLEL_MIN_BYTES:
@@ -101,7 +112,7 @@ def scan_commitlog(config: StoreConfig, *, check_crc: bool = True, keys: bool = 
             done += s.end - s.begin
             if progress:
                 progress(done, total)
-        parts = []
+        chains = []
         by_file: dict[int, list] = {}
         for s in splits:
             by_file.setdefault(s.file_index, []).append(s)
@@ -116,8 +127,8 @@ def scan_commitlog(config: StoreConfig, *, check_crc: bool = True, keys: bool = 
                     b, part = task(s.with_start(expected))
                 chain.append(part)
                 expected = b.chain_end if b.stop == "range" else None
-            parts.append(merge_splits(chain))
-        return store_scan(parts, config.mapped_file_size_commit_log)
+            chains.append(chain)
+        return chains
     finally:
         if own:
             queue.close()
@@ -271,12 +282,12 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
     cfg = config or load_config(root)
     t0 = time.perf_counter()
     with ckpt.hold_lock(root):
-        scan = scan_commitlog(cfg, processes=processes, progress=progress)
         start = from_offset or 0
-        d = dispatched(scan, start)
-        d_index = d
-        if index and start:
-            d_index = dispatched(scan, _kept_index_end(root, cfg, start))
+        task = functools.partial(grouped_split, delay_millis=cfg.delay_millis, keys=index)
+        chains = scan_chains(cfg, task, processes=processes, progress=progress)
+        index_from = _kept_index_end(root, cfg, start) if index and start else start
+        scan, d, d_index = grouped_dispatch(chains, cfg.mapped_file_size_commit_log, start,
+                                            index_from)
         scratch = root / f"{SCRATCH_PREFIX}{os.getpid()}"
         if scratch.exists():
             shutil.rmtree(scratch)

@@ -375,6 +375,11 @@ def dispatch_split(split, check_crc: bool = True, delay_millis=None, keys: bool 
     """(boundary, dispatch data) of the records starting in one byte range of a segment
     (:mod:`rmqstore.splits`): a worker's task. The chain walk stops at the range end;
     :func:`merge_splits` checks that consecutive ranges continue each other's chain."""
+    return split_dispatch(split, check_crc, delay_millis, keys, _pack)
+
+
+def split_dispatch(split, check_crc: bool, delay_millis, keys: bool, pack):
+    """(boundary, ``pack(SegmentDispatch)``) of one byte range of a segment."""
     from .splits import Boundary, Window, resync
 
     w = Window(split)
@@ -382,7 +387,7 @@ def dispatch_split(split, check_crc: bool = True, delay_millis=None, keys: bool 
         base = split.file_start
         if w.size == 0:
             return (Boundary(split.split_id, 0, 0, "zeros", 0, True),
-                    SegmentDispatch(base, 0, base, "zeros"))
+                    pack(SegmentDispatch(base, 0, base, "zeros")))
         forced = split.start is not None or split.begin == 0
         first = (split.start if split.start is not None else split.begin) if forced \
             else resync(w, split.begin, split.end)
@@ -393,7 +398,7 @@ def dispatch_split(split, check_crc: bool = True, delay_millis=None, keys: bool 
         u8 = np.frombuffer(w.buf, dtype=np.uint8, count=w.size)
         out = SegmentDispatch(base, w.size, base + stop_pos, stop)
         _fill(out, columns(u8, starts, base), check_crc, delay_millis, keys)
-        return Boundary(split.split_id, first, stop_pos, stop, len(starts), forced), _pack(out)
+        return Boundary(split.split_id, first, stop_pos, stop, len(starts), forced), pack(out)
     finally:
         w.close()
 
