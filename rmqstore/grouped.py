@@ -34,7 +34,7 @@ def pack_grouped(p: SegmentDispatch) -> dict:
          "n": n, "first": int(p.offset[0]) if n else 0, "size": p.size.astype(np.int32),
          "consistent": p.consistent, "crc_ok": p.crc_ok, "groups": []}
     z32, z64 = np.zeros(0, np.int32), np.zeros(0, np.int64)
-    d.update(rec=z32, qo=z64, phy=z64, usize=z32, tags=z64, uts=z64,
+    d.update(rec=z32, qo=None, qo_dense=False, phy=z64, usize=z32, tags=z32,
              key_rec=z32, key_hash=z32, key_phy=z64, key_ts=z64)
     if not n:
         return d
@@ -56,14 +56,26 @@ def pack_grouped(p: SegmentDispatch) -> dict:
             t, q = divmod(k, span)
             d["groups"].append((p.topics[t], q + qmin, a, b))
         rec = cq[order]
-        d.update(rec=rec.astype(np.int32), qo=p.queue_offset[rec],
+        qo, tags = p.queue_offset[rec], p.tags_code[rec]
+        # Hand-over is pickled, so it is kept small: queue offsets as each group's first
+        # when every group counts up by one (the usual case), tags codes as 32-bit ints
+        # unless delivery times (delay topic) need 64.
+        step = np.ones(len(qo), bool)
+        step[1:] = qo[1:] == qo[:-1] + 1
+        step[cuts[:-1]] = True
+        d.update(rec=rec.astype(np.int32),
+                 qo=qo[cuts[:-1]] if step.all() else qo, qo_dense=bool(step.all()),
                  phy=p.physical_offset[rec], usize=p.size[rec].astype(np.int32),
-                 tags=p.tags_code[rec], uts=p.store_timestamp[rec])
+                 tags=tags.astype(np.int32) if _fits32(tags) else tags)
     kr = p.key_record
     if len(kr):
         d.update(key_rec=kr.astype(np.int32), key_hash=p.key_hash.astype(np.int32),
                  key_phy=p.physical_offset[kr], key_ts=p.store_timestamp[kr])
     return d
+
+
+def _fits32(a: np.ndarray) -> bool:
+    return not len(a) or (int(a.min()) >= -2**31 and int(a.max()) < 2**31)
 
 
 def _validity(chain: list[dict]) -> SegmentDispatch:
@@ -91,10 +103,11 @@ def _validity(chain: list[dict]) -> SegmentDispatch:
 
 
 def grouped_dispatch(chains: list[list[dict]], segment_size: int, from_offset: int = 0,
-                     index_from: int | None = None):
+                     index_from: int | None = None, *, store_timestamp_at=None):
     """(StoreScan with validity fields only, Dispatched for the CQ, Dispatched for the
     index): what :func:`rmqstore.rebuild.dispatched` gives, from grouped parts. The index
-    one starts at ``index_from`` (default ``from_offset``)."""
+    one starts at ``index_from`` (default ``from_offset``). ``store_timestamp_at(offset)``
+    reads one record's STORETIMESTAMP (for ``last_cq_timestamp``; 0 without it)."""
     from .rebuild import Dispatched
 
     scan = store_scan([_validity(c) for c in chains], segment_size)
@@ -102,7 +115,7 @@ def grouped_dispatch(chains: list[list[dict]], segment_size: int, from_offset: i
     index_from = from_offset if index_from is None else index_from
     per_queue: dict[tuple[str, int], list] = {}
     keys = []
-    last_cq = (-1, 0)  # (offset, store timestamp) of the last record given a unit
+    last_cq = -1  # offset of the last record given a unit
     for p, k, chain in zip(scan.parts, scan.kept, chains):
         if not k:
             continue
@@ -130,7 +143,8 @@ def grouped_dispatch(chains: list[list[dict]], segment_size: int, from_offset: i
                 break
     cq.units = {key: tuple(np.concatenate(c) if len(c) > 1 else c[0] for c in zip(*parts))
                 for key, parts in per_queue.items()}
-    cq.last_cq_timestamp = last_cq[1]
+    if last_cq >= 0 and store_timestamp_at is not None:
+        cq.last_cq_timestamp = store_timestamp_at(last_cq)
     if keys:
         h, phy, ts = (np.concatenate(c) for c in zip(*keys))
         ix.key_hash, ix.key_offset, ix.key_timestamp = h.astype(np.int64), phy, ts
@@ -138,24 +152,21 @@ def grouped_dispatch(chains: list[list[dict]], segment_size: int, from_offset: i
 
 
 def _join_units(d: dict, lo: int, hi: int, n: int, per_queue: dict, base: int,
-                seg: SegmentDispatch) -> tuple[int, int]:
+                seg: SegmentDispatch) -> int:
     """Append the units of records ``lo <= rec < hi`` of one range to their queues;
-    returns (offset, store timestamp) of the last of them ((-1, 0) if none)."""
-    rec = d["rec"]
+    returns the CommitLog offset of the last of them (-1 if none)."""
+    rec, qo, dense = d["rec"], d["qo"], d["qo_dense"]
     best = -1
-    best_ts = 0
     whole = lo == 0 and hi == n
-    for topic, qid, a, b in d["groups"]:
+    for g, (topic, qid, a, b) in enumerate(d["groups"]):
+        a0 = a
         if not whole:
             r = rec[a:b]
             a, b = a + int(np.searchsorted(r, lo)), a + int(np.searchsorted(r, hi))
             if b <= a:
                 continue
+        q = np.arange(qo[g] + a - a0, qo[g] + b - a0, dtype=np.int64) if dense else qo[a:b]
         per_queue.setdefault((topic, qid), []).append(
-            (d["qo"][a:b], d["phy"][a:b], d["usize"][a:b], d["tags"][a:b]))
-        last = int(rec[b - 1])
-        if last > best:
-            best, best_ts = last, int(d["uts"][b - 1])
-    if best < 0:
-        return -1, 0
-    return int(seg.offset[base + best]), best_ts
+            (q, d["phy"][a:b], d["usize"][a:b], d["tags"][a:b]))
+        best = max(best, int(rec[b - 1]))
+    return int(seg.offset[base + best]) if best >= 0 else -1

@@ -35,6 +35,7 @@ from .config import StoreConfig, load_config
 from .consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, build_consume_queue, list_queues
 from .errors import NotAStoreError
 from .index import IndexFile, IndexGeometry, IndexService, _list_index_files
+from .parallel import Child, Done, pool_map
 from .grouped import grouped_dispatch, grouped_split
 from .redispatch import StoreScan, store_scan
 from .segments import SegmentQueue
@@ -42,6 +43,8 @@ from .segments import SegmentQueue
 SCRATCH_PREFIX = ".rmqstore-rebuild-"
 #: Below this many CommitLog bytes the scan stays in this process (forking costs more).
 PARALLEL_MIN_BYTES = 32 * 1024 * 1024
+#: From this many index puts on, the IndexFiles are built in a child beside the queues.
+PARALLEL_MIN_KEYS = 200_000
 
 Progress = Callable[[int, int], None]
 
@@ -62,15 +65,6 @@ def _splits(queue: SegmentQueue, config: StoreConfig, split_size: int):
                              queue.segment_size, b, min(b + split_size, max(readable, 0)),
                              max_record))
     return out
-
-
-def _pool_map(fn, items, workers: int):
-    """``map`` in a fork-based process pool (workers inherit the parent's imports)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as ex:
-        yield from ex.map(fn, items)
 
 
 def scan_commitlog(config: StoreConfig, *, check_crc: bool = True, keys: bool = True,
@@ -104,7 +98,7 @@ def scan_chains(config: StoreConfig, task, *, processes: int | None = None,
         results = {}
         done = 0
         if workers > 1 and len(splits) > 1 and total >= PARALLEL_MIN_BYTES:
-            it = _pool_map(task, splits, min(workers, len(splits)))
+            it = pool_map(task, splits, min(workers, len(splits)))
         else:
             it = map(task, splits)
         for s, r in zip(splits, it):
@@ -132,6 +126,16 @@ def scan_chains(config: StoreConfig, task, *, processes: int | None = None,
     finally:
         if own:
             queue.close()
+
+
+def store_timestamp_at(config: StoreConfig) -> Callable[[int], int]:
+    """A reader of one record's STORETIMESTAMP by CommitLog offset."""
+    def at(offset: int) -> int:
+        from .commitlog import CommitLog
+
+        with CommitLog(config) as log:
+            return log.read_at(offset).store_timestamp
+    return at
 
 
 # --- what dispatch writes, as arrays ------------------------------------------------------
@@ -287,27 +291,50 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
         chains = scan_chains(cfg, task, processes=processes, progress=progress)
         index_from = _kept_index_end(root, cfg, start) if index and start else start
         scan, d, d_index = grouped_dispatch(chains, cfg.mapped_file_size_commit_log, start,
-                                            index_from)
+                                            index_from, store_timestamp_at=store_timestamp_at(cfg))
         scratch = root / f"{SCRATCH_PREFIX}{os.getpid()}"
         if scratch.exists():
             shutil.rmtree(scratch)
         scratch.mkdir()
         units = entries = 0
         names: list[str] = []
+        job = None
         try:
-            if consume_queue:
-                units = _rebuild_cq(root, scratch, d, cfg, start, fsync)
             if index and cfg.message_index_enable:
-                entries, names = _rebuild_index(root, scratch, d_index, cfg, start, clock, fsync)
+                build = functools.partial(_build_index, root, scratch, d_index, cfg, start,
+                                          clock, fsync)
+                # Big enough to pay for a fork: the index is built beside the queues.
+                both = consume_queue and len(d_index.key_hash) >= PARALLEL_MIN_KEYS
+                job = Child(build) if both else Done(build)
+            if consume_queue:
+                units = _build_cq(root, scratch, d, cfg, start, fsync)
+                _swap(scratch, root, "consumequeue")
+            if job is not None:
+                entries, names = job.result()
+                job = None
+                _swap(scratch, root, "index")
             _update_checkpoint(root, cfg, d, consume_queue and not start)
         finally:
+            if job is not None:
+                try:
+                    job.result()  # reap the child before its files go
+                except Exception:  # noqa: BLE001 - the first error is the one raised
+                    pass
             shutil.rmtree(scratch, ignore_errors=True)
     return RebuildResult(d.messages, d.bytes, units, entries, scan.end, names,
                          time.perf_counter() - t0)
 
 
-def _rebuild_cq(root: Path, scratch: Path, d: Dispatched, cfg: StoreConfig, start: int,
-                fsync: bool) -> int:
+def _swap(scratch: Path, root: Path, name: str) -> None:
+    """Swap ``scratch/name`` in for ``root/name`` (the old one ends up in ``scratch``)."""
+    new = scratch / name
+    _fsync_dir(new)
+    swap_in(new, root / name, scratch / f"{name}.old")
+    _fsync_dir(root)
+
+
+def _build_cq(root: Path, scratch: Path, d: Dispatched, cfg: StoreConfig, start: int,
+              fsync: bool) -> int:
     new = scratch / "consumequeue"
     new.mkdir()
     if start:
@@ -324,9 +351,6 @@ def _rebuild_cq(root: Path, scratch: Path, d: Dispatched, cfg: StoreConfig, star
                     w.flush()
     else:
         n = write_consume_queues(new, d, cfg.cq_file_size, fsync=fsync)
-    _fsync_dir(new)
-    swap_in(new, root / "consumequeue", scratch / "consumequeue.old")
-    _fsync_dir(root)
     return n
 
 
@@ -351,8 +375,8 @@ def _cut_queue(qdir: Path, file_size: int, phy: int) -> None:
                 f.write(b"\0" * (s + file_size - byte))
 
 
-def _rebuild_index(root: Path, scratch: Path, d: Dispatched, cfg: StoreConfig, start: int,
-                   clock, fsync: bool) -> tuple[int, list[str]]:
+def _build_index(root: Path, scratch: Path, d: Dispatched, cfg: StoreConfig, start: int,
+                 clock, fsync: bool) -> tuple[int, list[str]]:
     geometry = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
     new = scratch / "index"
     new.mkdir()
@@ -366,9 +390,6 @@ def _rebuild_index(root: Path, scratch: Path, d: Dispatched, cfg: StoreConfig, s
             svc.flush()
         names = [f.path.name for f in svc.files]
         n = sum(max(f.header.index_count - 1, 0) for f in svc.files)
-    _fsync_dir(new)
-    swap_in(new, root / "index", scratch / "index.old")
-    _fsync_dir(root)
     return n, names
 
 

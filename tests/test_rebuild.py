@@ -73,3 +73,37 @@ def test_rebuild_refuses_a_locked_store(fixtures_root, tmp_path):
     with hold_lock(store):
         with pytest.raises(StoreLockedError):
             rebuild(store)
+
+
+@pytest.mark.parametrize("scenario", scenario_params(["basic"]))
+def test_index_built_in_a_child_is_the_same(scenario, tmp_path, monkeypatch):
+    import rmqstore.rebuild as rb
+
+    monkeypatch.setattr(rb, "PARALLEL_MIN_KEYS", 0)  # fork even for a small store
+    src = ROCKETMQ_498 / scenario
+    store = copy_store(src, tmp_path / scenario)
+    shutil.rmtree(store / "consumequeue")
+    shutil.rmtree(store / "index")
+    r = rebuild(store, config=load_config(src).with_values(store_path_root_dir=str(store)),
+                clock=lambda: 1_700_000_000_000)
+    assert _cq_files(store) == _cq_files(src)
+    assert _index_contents(store) == _index_contents(src)
+    assert r.index_entries > 0 and r.index_files
+
+
+@pytest.mark.parametrize("scenario", scenario_params(["basic"]))
+def test_child_failure_leaves_the_store_as_it_was(scenario, tmp_path, monkeypatch):
+    import rmqstore.rebuild as rb
+    from conftest import tree_hashes
+
+    def broken(*a, **k):
+        raise OSError("disk full (injected)")
+
+    monkeypatch.setattr(rb, "PARALLEL_MIN_KEYS", 0)
+    monkeypatch.setattr(rb, "_build_index", broken)
+    store = copy_store(ROCKETMQ_498 / scenario, tmp_path / scenario)
+    before = tree_hashes(store / "index")
+    with pytest.raises(OSError, match="injected"):
+        rebuild(store)
+    assert tree_hashes(store / "index") == before  # the old index files stay in place
+    assert not [p for p in store.iterdir() if p.name.startswith(SCRATCH_PREFIX)]
