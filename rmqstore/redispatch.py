@@ -124,6 +124,92 @@ def lookup(u8: np.ndarray, segs, n: int, name: bytes) -> tuple[np.ndarray, np.nd
     return vpos, vlen
 
 
+class PropertyIndex:
+    """Look property names up in every record's properties at once (spec §3.4).
+
+    Properties up to ``_ROWS_MAX`` bytes are copied as rows of a matrix; separators
+    (``0x02``) are found once, and a name is matched only where a segment starts (each row's
+    first byte and the byte after each separator) by its first four bytes as one int.
+    Wider properties use :func:`property_segments` and :func:`lookup`.
+    """
+
+    def __init__(self, u8: np.ndarray, props_pos: np.ndarray, props_len: np.ndarray):
+        self.u8, self.n = u8, len(props_pos)
+        self.props_pos = props_pos
+        self._segs = None
+        self._rec = np.flatnonzero(props_len > 0)
+        if not len(self._rec):
+            return
+        width = int(props_len.max())
+        stride = width + 4  # room to read 4 bytes at any segment start
+        last = int(props_pos[self._rec[-1]])
+        if width > _ROWS_MAX or last + stride > len(u8):
+            self._segs = property_segments(u8, props_pos, props_len)
+            return
+        k = len(self._rec)
+        m = rows(u8, props_pos[self._rec], stride)
+        self._m, self._stride = m.reshape(-1), stride
+        self._plen = props_len[self._rec]
+        flat = np.flatnonzero(m[:, :width] == 2)
+        r, c = np.divmod(flat, width)
+        keep = c < self._plen[r]
+        self._sep_row, self._sep_col = r[keep], c[keep]
+        count = np.bincount(self._sep_row, minlength=k)
+        self._first_sep = np.cumsum(count) - count  # index of each row's first separator
+        heads = np.ndarray(shape=(k * stride - 3,), dtype="<i4", buffer=self._m, strides=(1,))
+        self._head0 = heads[np.arange(k, dtype=np.int64) * stride]
+        self._head_sep = heads[self._sep_row * stride + self._sep_col + 1]
+
+    def lookup(self, name: bytes) -> tuple[np.ndarray, np.ndarray]:
+        """(value start, value length) of property ``name`` per record; start -1 when
+        absent. The text before a segment's first ``0x01`` must be ``name`` and the value
+        must not be empty; when a name repeats, the later value wins (as :func:`lookup`)."""
+        if self._segs is not None:
+            return lookup(self.u8, self._segs, self.n, name)
+        vpos = np.full(self.n, -1, np.int64)
+        vlen = np.zeros(self.n, np.int64)
+        if not len(self._rec):
+            return vpos, vlen
+        pattern = name + b"\x01"
+        key = int.from_bytes(pattern[:4].ljust(4, b"\0"), "little", signed=True)
+        sr, sc = self._sep_row, self._sep_col
+        nsep = len(sr)
+        for head, at_sep in ((self._head0, False), (self._head_sep, True)):
+            if len(pattern) >= 4:
+                i = np.flatnonzero(head == key)
+            else:
+                i = np.flatnonzero((head & (1 << 8 * len(pattern)) - 1) == key)
+            if at_sep:
+                r, c = sr[i], sc[i] + 1
+            else:
+                r, c = i, np.zeros(len(i), np.int64)
+            ok = c + len(pattern) < self._plen[r]  # at least one value byte
+            i, r, c = i[ok], r[ok], c[ok]
+            base = r * self._stride + c
+            for j in range(4, len(pattern)):
+                ok = self._m[base + j] == pattern[j]
+                i, r, c, base = i[ok], r[ok], c[ok], base[ok]
+            # the value runs to the next separator of its row, or to the row's end
+            nxt = i + 1 if at_sep else self._first_sep[r]
+            inside = nxt < nsep
+            same = np.zeros(len(nxt), bool)
+            same[inside] = sr[nxt[inside]] == r[inside]
+            end = np.where(same, sc[np.minimum(nxt, max(nsep - 1, 0))] if nsep else 0,
+                           self._plen[r])
+            start = c + len(pattern)
+            ok = end > start
+            r, start, end = r[ok], start[ok], end[ok]
+            if len(r):
+                # Separator matches come in byte order and after a row's col-0 match, so
+                # writing col 0 first and then the last match of each row: the later wins.
+                last = np.ones(len(r), bool)
+                last[:-1] = r[1:] != r[:-1]
+                rec = self._rec[r[last]]
+                vpos[rec] = self.props_pos[rec] + start[last]
+                vlen[rec] = (end - start)[last]
+        return vpos, vlen
+
+
 # --- Java String.hashCode over byte spans (spec §0) ----------------------------------------
 
 
@@ -257,8 +343,8 @@ def dispatch_records(cols: RecordColumns, delay_millis=None, *, keys: bool = Tru
         return [], z, z, z, z
     u8 = cols.u8
     names, tid = cols.topic_table()
-    segs = property_segments(u8, cols.props_pos, cols.props_len)
-    tpos, tlen = lookup(u8, segs, n, b"TAGS")
+    segs = PropertyIndex(u8, cols.props_pos, cols.props_len)
+    tpos, tlen = segs.lookup(b"TAGS")
     has = tpos >= 0
     code = np.zeros(n, np.int64)
     if has.any():
@@ -267,7 +353,7 @@ def dispatch_records(cols: RecordColumns, delay_millis=None, *, keys: bool = Tru
     if SCHEDULE_TOPIC in names:
         # Delivery time instead of the tag hash (spec §6.1); rare, so per record.
         delay = delay_millis if delay_millis is not None else parse_delay_levels()
-        dpos, dlen = lookup(u8, segs, n, b"DELAY")
+        dpos, dlen = segs.lookup(b"DELAY")
         sched = np.flatnonzero((tid == names.index(SCHEDULE_TOPIC)) & (dpos >= 0))
         ts = cols.store_timestamp
         for i in sched.tolist():
@@ -284,8 +370,8 @@ def dispatch_records(cols: RecordColumns, delay_millis=None, *, keys: bool = Tru
 def index_keys(cols: RecordColumns, u8, segs, names, tid):
     """(record index, index hash) of every IndexFile put, in put order (spec §7.3)."""
     n = len(cols)
-    upos, ulen = lookup(u8, segs, n, b"UNIQ_KEY")
-    kpos, klen = lookup(u8, segs, n, b"KEYS")
+    upos, ulen = segs.lookup(b"UNIQ_KEY")
+    kpos, klen = segs.lookup(b"KEYS")
     rollback = (cols.sys_flag & L.SYSFLAG_TRANSACTION_MASK) == L.TRANSACTION_ROLLBACK
     ur = np.flatnonzero((upos >= 0) & ~rollback)
     kr = np.flatnonzero((kpos >= 0) & ~rollback)

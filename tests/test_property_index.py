@@ -1,0 +1,65 @@
+"""Bulk property lookup gives, for every record, the value RocketMQ's own parse gives
+(spec §3.4: split on 0x02, name before the first 0x01, empty values ignored, later names
+win), whether the properties fit the row matrix or take the wide fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rmqstore import redispatch as R
+from rmqstore.codec import parse_properties
+
+NAMES = ["TAGS", "KEYS", "UNIQ_KEY", "DELAY", "K", "TA", "TAGSX", "AGS"]
+# Names, values and noise that collide with the names above in every way that matters.
+_piece = st.sampled_from(NAMES + ["", "\x01", "\x02", "x", "T", "TAGS\x01", "\x01\x02"])
+_segment = st.one_of(
+    st.tuples(st.sampled_from(NAMES), st.text(alphabet="ab \x01", max_size=6)).map(
+        lambda kv: f"{kv[0]}\x01{kv[1]}"),
+    st.lists(_piece, max_size=4).map("".join),
+)
+_props = st.lists(_segment, max_size=6).map("\x02".join)
+
+
+def _expected(text: str, name: str):
+    return parse_properties(text).get(name)
+
+
+def _check(texts: list[str], pad: int):
+    # records laid out one after another with ``pad`` junk bytes between them; the junk
+    # is 0x02/0x01/name bytes, so reading past a record's end would show
+    junk = b"\x02TAGS\x01z\x02"[:pad]
+    buf, pos, ln = bytearray(), [], []
+    for t in texts:
+        b = t.encode()
+        buf += b"\x02" * 3
+        pos.append(len(buf))
+        ln.append(len(b))
+        buf += b + junk
+    buf += b"\x02TAGS\x01tail" * 40  # bytes after the last record, for the row copy
+    u8 = np.frombuffer(bytes(buf), dtype=np.uint8)
+    pos, ln = np.array(pos, np.int64), np.array(ln, np.int64)
+    fast = R.PropertyIndex(u8, pos, ln)
+    wide = R.property_segments(u8, pos, ln)
+    for name in NAMES:
+        vpos, vlen = fast.lookup(name.encode())
+        opos, olen = R.lookup(u8, wide, len(texts), name.encode())
+        assert np.array_equal(vpos, opos) and np.array_equal(vlen, olen)
+        for i, t in enumerate(texts):
+            want = _expected(t, name)
+            got = None if vpos[i] < 0 else bytes(u8[vpos[i]:vpos[i] + vlen[i]]).decode()
+            assert got == want, (t, name)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_props, min_size=1, max_size=12), st.integers(0, 8))
+def test_lookup_matches_the_broker_parse(texts, pad):
+    _check(texts, pad)
+
+
+def test_wide_properties_take_the_fallback_and_agree():
+    texts = ["TAGS\x01a\x02" + "P\x01" + "v" * 400 + "\x02KEYS\x01k1 k2", "KEYS\x01x", ""]
+    u8 = np.frombuffer(("".join(t + "\x02\x02" for t in texts) + "pad" * 200).encode(), np.uint8)
+    assert R.PropertyIndex(u8, np.array([0]), np.array([len(texts[0])]))._segs is not None
+    _check(texts, 2)
