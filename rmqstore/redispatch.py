@@ -25,6 +25,7 @@ from .scan import RecordColumns, columns, consistent, walk_chain, walk_range
 
 _CHUNK = 64 * 1024 * 1024  # bytes compared at a time when looking for separators
 _FAST_MAX = 96  # values up to this many bytes are hashed vectorised
+_EXACT_MAX = 6  # up to this many distinct lengths are hashed one exact-width matrix each
 
 
 def rows(u8: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
@@ -232,9 +233,10 @@ def span_hash(u8: np.ndarray, pos: np.ndarray, length: np.ndarray, flag: int | N
     with ``flag``, whether the span holds that byte).
 
     ASCII spans up to ``_FAST_MAX`` bytes are hashed vectorised: the spans are copied as
-    rows of a matrix (zeros past each span's end), Horner's rule becomes one dot product
-    with powers of 31, and the trailing zeros' factor 31^pad is divided back out (31 is
-    invertible mod 2^32). Others are decoded (UTF-8, malformed input replaced, as the
+    rows of a matrix and Horner's rule becomes one dot product with powers of 31. Spans of
+    one length share a matrix of exactly that width; with many lengths, rows of a width
+    class are zeroed past each span's end and the trailing zeros' factor 31^pad is divided
+    back out (31 is invertible mod 2^32). Others are decoded (UTF-8, malformed input replaced, as the
     broker decodes) and hashed in Python."""
     n = len(pos)
     h = np.zeros(n, np.uint32)
@@ -245,25 +247,32 @@ def span_hash(u8: np.ndarray, pos: np.ndarray, length: np.ndarray, flag: int | N
     fast = (length <= _FAST_MAX) & (pos + _FAST_MAX <= len(u8))
     slow = np.flatnonzero(~fast).tolist()
     fast = np.flatnonzero(fast)
-    lo = 0
-    for hi in (8, 16, 32, 64, _FAST_MAX):  # width classes: padding stays under 2x
-        sel = fast[(length[fast] > lo) & (length[fast] <= hi)]
-        lo = hi
-        if not len(sel):
-            continue
-        ln = length[sel]
-        width = int(ln.max())
+    lengths = np.flatnonzero(np.bincount(length[fast], minlength=1)) if len(fast) else []
+    if len(lengths) <= _EXACT_MAX:
+        # Few distinct lengths (tags, keys, UNIQ_KEYs usually share one): a matrix per
+        # length, exactly as wide as its spans, needs no masking and no 31^pad division.
+        groups = [(fast if len(lengths) == 1 else fast[length[fast] == n_], int(n_), False)
+                  for n_ in lengths if n_]
+    else:
+        groups, lo = [], 0
+        for hi in (8, 16, 32, 64, _FAST_MAX):  # width classes: padding stays under 2x
+            sel = fast[(length[fast] > lo) & (length[fast] <= hi)]
+            lo = hi
+            if len(sel):
+                groups.append((sel, int(length[sel].max()), True))
+    for sel, width, padded in groups:
         m = rows(u8, pos[sel], width)
-        m[np.arange(width)[None, :] >= ln[:, None]] = 0
+        if padded:
+            ln = length[sel]
+            m[np.arange(width)[None, :] >= ln[:, None]] = 0
         hh = m.astype(np.uint32) @ _POW[width - 1::-1]
-        hh *= _INVPOW[width - ln]
+        if padded:
+            hh *= _INVPOW[width - ln]
         h[sel] = hh
         if flag is not None:
             has[sel] = (m == flag).any(axis=1)
-        slow.extend(sel[(m >= 0x80).any(axis=1)].tolist())
-        fast = fast[length[fast] > hi]
-        if not len(fast):
-            break
+        if int(m.max()) >= 0x80:
+            slow.extend(sel[(m >= 0x80).any(axis=1)].tolist())
     for i in slow:
         raw = u8[int(pos[i]):int(pos[i] + length[i])].tobytes()
         s = raw.decode("utf-8", "replace")

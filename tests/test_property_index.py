@@ -63,3 +63,31 @@ def test_wide_properties_take_the_fallback_and_agree():
     u8 = np.frombuffer(("".join(t + "\x02\x02" for t in texts) + "pad" * 200).encode(), np.uint8)
     assert R.PropertyIndex(u8, np.array([0]), np.array([len(texts[0])]))._segs is not None
     _check(texts, 2)
+
+
+# --- Java String.hashCode over byte spans -------------------------------------------------
+
+_text = st.text(alphabet=st.sampled_from("abcXYZ019 #_-é中\U0001F600"), max_size=120)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_text, min_size=1, max_size=40), st.booleans())
+def test_span_hash_is_java_hash(texts, one_length):
+    from rmqstore.codec import java_hash
+
+    if one_length:  # the exact-width path: every span one length
+        n = len(texts[0].encode())
+        texts = [(t.encode()[:n].ljust(n, b"a")).decode("utf-8", "replace") for t in texts]
+    raw = [t.encode("utf-8", "replace") for t in texts]
+    buf = b"".join(b"\x00" + r for r in raw) + b"z" * 200
+    pos, at = [], 0
+    for r in raw:
+        pos.append(at + 1)
+        at += 1 + len(r)
+    u8 = np.frombuffer(buf, dtype=np.uint8)
+    h, units, has = R.span_hash(u8, np.array(pos), np.array([len(r) for r in raw]), 0x20)
+    for i, r in enumerate(raw):
+        s = r.decode("utf-8", "replace")
+        assert int(h[i]) == java_hash(s) & 0xFFFFFFFF, s
+        assert int(units[i]) == len(s.encode("utf-16-be", "surrogatepass")) // 2
+        assert bool(has[i]) == (b" " in r)
