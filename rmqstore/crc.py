@@ -88,9 +88,10 @@ def crc32_spans(u8: np.ndarray, pos: np.ndarray, length: np.ndarray) -> np.ndarr
 
 def _crc_rows(u8: np.ndarray, end: np.ndarray, length: np.ndarray, width: int) -> np.ndarray:
     low, high, zeros = _make_tables()
-    view = np.lib.stride_tricks.as_strided(u8, shape=(len(u8) - width + 1, width),
-                                           strides=(1, 1), writeable=False)
-    m = view[end - width]  # a copy: one right-aligned row per span
+    items = np.ndarray(shape=(len(u8) - width + 1,), dtype=f"V{width}", buffer=u8,
+                       offset=0, strides=(1,))
+    # a copy: one right-aligned row per span (void items copy faster than strided rows)
+    m = items[end - width].view(np.uint8).reshape(len(end), width)
     pad = width - length
     p0 = int(pad[0])
     if (pad == p0).all():

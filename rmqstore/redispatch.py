@@ -31,9 +31,13 @@ _EXACT_MAX = 6  # up to this many distinct lengths are hashed one exact-width ma
 def rows(u8: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
     """An (n, width) uint8 matrix: the ``width`` bytes at each of ``pos`` (one copy per
     row; every ``pos + width`` must be within ``u8``)."""
-    view = np.lib.stride_tricks.as_strided(u8, shape=(max(len(u8) - width + 1, 0), width),
-                                           strides=(1, 1), writeable=False)
-    return view[pos]
+    if width <= 0:
+        return np.zeros((len(pos), 0), np.uint8)
+    # One void item of ``width`` bytes at every byte: fancy indexing then copies whole
+    # items, about twice as fast as gathering rows of a 2-d strided view.
+    items = np.ndarray(shape=(max(len(u8) - width + 1, 0),), dtype=f"V{width}", buffer=u8,
+                       offset=0, strides=(1,))
+    return items[pos].view(np.uint8).reshape(len(pos), width)
 
 
 # --- property lookup (spec §3.4) -----------------------------------------------------------

@@ -91,3 +91,21 @@ def test_span_hash_is_java_hash(texts, one_length):
         assert int(h[i]) == java_hash(s) & 0xFFFFFFFF, s
         assert int(units[i]) == len(s.encode("utf-16-be", "surrogatepass")) // 2
         assert bool(has[i]) == (b" " in r)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.binary(max_size=40), min_size=1, max_size=30))
+def test_topic_span_hash_tells_spans_apart(spans):
+    """scan's 64-bit span hash (used to tell topics apart) is equal exactly for equal
+    spans here, including spans that end at the very end of the buffer."""
+    from rmqstore.scan import _span_hash
+
+    buf = b"".join(b"\xff" + s for s in spans)
+    pos, at = [], 0
+    for s in spans:
+        pos.append(at + 1)
+        at += 1 + len(s)
+    h = _span_hash(np.frombuffer(buf, np.uint8), np.array(pos), np.array([len(s) for s in spans]))
+    for i, a in enumerate(spans):
+        for j, b in enumerate(spans):
+            assert (h[i] == h[j]) == (a == b)
