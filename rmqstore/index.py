@@ -246,39 +246,40 @@ class IndexFile:
             raise ValueError("entries do not fit in this IndexFile")
         slot = np.asarray(key_hashes, dtype=np.int64) % g.hash_slot_num
         slots = self.slots
-        if m < 2 or (np.diff(np.sort(slot)) != 0).all():
-            # The usual case: no two new keys share a slot, so each entry's predecessor
-            # is its slot's current head (when that is a valid entry number).
-            ns = np.arange(c0, c0 + m, dtype=np.int64)
-            head = slots[slot].astype(np.int64)
-            head[(head <= 0) | (head > ns)] = 0
-            prev, set_at, set_to = head, slot, ns
+        # Sorted by (slot, position), each entry sits right after its predecessor in its
+        # slot's chain; packing both into one int64 makes that one plain sort.
+        if m < 1 << 31 and g.hash_slot_num < 1 << 31:
+            packed = slot << 32
+            packed |= np.arange(m, dtype=np.int64)
+            packed.sort()
+            ss = packed >> 32
+            order = packed
+            order &= 0xFFFFFFFF
         else:
-            # Sorted by (slot, position), each entry sits right after its predecessor in
-            # the chain; packing both into one int64 makes that a plain sort.
-            if m < 1 << 31 and g.hash_slot_num < 1 << 31:
-                packed = np.sort((slot << 32) | np.arange(m, dtype=np.int64))
-                ss, order = packed >> 32, packed & 0xFFFFFFFF
-            else:
-                order = np.argsort(slot, kind="stable")
-                ss = slot[order]
-            ns = order + c0
-            first = np.ones(m, dtype=bool)
-            np.not_equal(ss[1:], ss[:-1], out=first[1:])
-            last = np.ones(m, dtype=bool)
-            last[:-1] = first[1:]
-            head = slots[ss[first]].astype(np.int64)
-            head[(head <= 0) | (head > ns[first])] = 0
-            prev_sorted = np.empty(m, dtype=np.int64)
-            prev_sorted[1:] = ns[:-1]
-            prev_sorted[first] = head
-            prev = np.empty(m, dtype=np.int64)
-            prev[order] = prev_sorted
-            set_at, set_to = ss[last], ns[last]
-        begin = np.full(m, h.begin_timestamp, dtype=np.int64)
-        if c0 <= 1:
-            begin[1:] = timestamps[0]  # the first put sets beginTimestamp
-        td = np.where(begin <= 0, 0, _time_diff(timestamps - begin))
+            order = np.argsort(slot, kind="stable")
+            ss = slot[order]
+        del slot
+        ns = order + c0
+        first = np.ones(m, dtype=bool)
+        np.not_equal(ss[1:], ss[:-1], out=first[1:])
+        last = np.ones(m, dtype=bool)
+        last[:-1] = first[1:]
+        head = slots[ss[first]].astype(np.int64)
+        head[(head <= 0) | (head > ns[first])] = 0
+        prev_sorted = np.empty(m, dtype=np.int64)
+        prev_sorted[1:] = ns[:-1]
+        prev_sorted[first] = head
+        prev = np.empty(m, dtype=np.int64)
+        prev[order] = prev_sorted
+        set_at, set_to = ss[last], ns[last]
+        # timeDiff against the file's beginTimestamp, which the first put sets
+        begin = h.begin_timestamp if c0 > 1 else int(timestamps[0])
+        td = _time_diff(np.asarray(timestamps, dtype=np.int64) - begin) if begin > 0 \
+            else np.zeros(m, np.int64)
+        if c0 <= 1 and h.begin_timestamp <= 0:
+            td[0] = 0  # the very first put still sees the empty header's 0
+        elif c0 <= 1:
+            td[0] = _time_diff(int(timestamps[0]) - h.begin_timestamp)
         block = self.entries[c0:c0 + m]
         block["key_hash"], block["phy_offset"] = key_hashes, phy_offsets
         block["time_diff"], block["prev_index"] = td, prev
