@@ -85,9 +85,11 @@ def scan_commitlog(config: StoreConfig, *, check_crc: bool = True, keys: bool = 
 
 def scan_chains(config: StoreConfig, task, *, processes: int | None = None,
                 progress: Progress | None = None, queue: SegmentQueue | None = None,
-                split_size: int | None = None) -> list[list]:
+                split_size: int | None = None, on_part=None) -> list[list]:
     """Per segment, the parts ``task`` made of its byte ranges along the record chain, in
-    order (``task(split)`` gives ``(Boundary, part)``; ranges run in parallel)."""
+    order (``task(split)`` gives ``(Boundary, part)``; ranges run in parallel).
+    ``on_part(segment index, part)`` sees each part as soon as it is known to be on the
+    chain, in order, while later ranges are still being scanned."""
     own = queue is None
     queue = queue or SegmentQueue(config.commit_log_dirs, config.mapped_file_size_commit_log,
                                   kind="commitlog")
@@ -95,32 +97,33 @@ def scan_chains(config: StoreConfig, task, *, processes: int | None = None,
         splits = _splits(queue, config, split_size or SPLIT_SIZE)
         total = sum(s.end - s.begin for s in splits)
         workers = processes if processes is not None else (os.cpu_count() or 1)
-        results = {}
-        done = 0
         if workers > 1 and len(splits) > 1 and total >= PARALLEL_MIN_BYTES:
             it = pool_map(task, splits, min(workers, len(splits)))
         else:
             it = map(task, splits)
-        for s, r in zip(splits, it):
-            results[s.split_id] = r
+        chains: list[list] = []
+        chain: list | None = None
+        done, file_index = 0, None
+        expected: int | None = 0
+        # Splits come in segment order, then byte order: each segment's chain is stitched
+        # as its ranges' results arrive.
+        for s, (b, part) in zip(splits, it):
             done += s.end - s.begin
             if progress:
                 progress(done, total)
-        chains = []
-        by_file: dict[int, list] = {}
-        for s in splits:
-            by_file.setdefault(s.file_index, []).append(s)
-        for fi in sorted(by_file):
-            chain = []
-            expected: int | None = 0
-            for s in by_file[fi]:
-                if expected is None or expected >= s.end and chain:
-                    continue  # past the chain's end, or inside one record spanning the range
-                b, part = results.pop(s.split_id)
-                if b.first != expected:
-                    b, part = task(s.with_start(expected))
-                chain.append(part)
-                expected = b.chain_end if b.stop == "range" else None
+            if s.file_index != file_index:
+                if chain is not None:
+                    chains.append(chain)
+                file_index, chain, expected = s.file_index, [], 0
+            if expected is None or expected >= s.end and chain:
+                continue  # past the chain's end, or inside one record spanning the range
+            if b.first != expected:
+                b, part = task(s.with_start(expected))
+            chain.append(part)
+            if on_part is not None:
+                on_part(len(chains), part)
+            expected = b.chain_end if b.stop == "range" else None
+        if chain is not None:
             chains.append(chain)
         return chains
     finally:
@@ -287,25 +290,35 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
     t0 = time.perf_counter()
     with ckpt.hold_lock(root):
         start = from_offset or 0
-        task = functools.partial(grouped_split, delay_millis=cfg.delay_millis, keys=index)
-        chains = scan_chains(cfg, task, processes=processes, progress=progress)
-        index_from = _kept_index_end(root, cfg, start) if index and start else start
-        scan, d, d_index = grouped_dispatch(chains, cfg.mapped_file_size_commit_log, start,
-                                            index_from, store_timestamp_at=store_timestamp_at(cfg))
         scratch = root / f"{SCRATCH_PREFIX}{os.getpid()}"
         if scratch.exists():
             shutil.rmtree(scratch)
         scratch.mkdir()
         units = entries = 0
         names: list[str] = []
-        job = None
+        job = live = None
         try:
-            if index and cfg.message_index_enable:
-                build = functools.partial(_build_index, root, scratch, d_index, cfg, start,
-                                          clock, fsync)
-                # Big enough to pay for a fork: the index is built beside the queues.
-                both = consume_queue and len(d_index.key_hash) >= PARALLEL_MIN_KEYS
-                job = Child(build) if both else Done(build)
+            want_index = index and cfg.message_index_enable
+            if want_index and not start:
+                live = LiveIndex(scratch / "index", cfg, clock)
+            task = functools.partial(grouped_split, delay_millis=cfg.delay_millis, keys=index)
+            chains = scan_chains(cfg, task, processes=processes, progress=progress,
+                                 on_part=live)
+            index_from = _kept_index_end(root, cfg, start) if index and start else start
+            scan, d, d_index = grouped_dispatch(chains, cfg.mapped_file_size_commit_log, start,
+                                                index_from,
+                                                store_timestamp_at=store_timestamp_at(cfg))
+            if want_index:
+                built = live.finish(d_index, fsync) if live is not None else None
+                live = None
+                if built is not None:
+                    job = Done(lambda: built)
+                else:
+                    build = functools.partial(_build_index, root, scratch, d_index, cfg, start,
+                                              clock, fsync)
+                    # Big enough to pay for a fork: the index is built beside the queues.
+                    both = consume_queue and len(d_index.key_hash) >= PARALLEL_MIN_KEYS
+                    job = Child(build) if both else Done(build)
             if consume_queue:
                 units = _build_cq(root, scratch, d, cfg, start, fsync)
                 _swap(scratch, root, "consumequeue")
@@ -315,6 +328,8 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
                 _swap(scratch, root, "index")
             _update_checkpoint(root, cfg, d, consume_queue and not start)
         finally:
+            if live is not None:
+                live.svc.close()
             if job is not None:
                 try:
                     job.result()  # reap the child before its files go
@@ -375,6 +390,51 @@ def _cut_queue(qdir: Path, file_size: int, phy: int) -> None:
                 f.write(b"\0" * (s + file_size - byte))
 
 
+class LiveIndex:
+    """IndexFiles built while the scan still runs: each range's index puts go in as soon
+    as the range is known to be on the chain (``scan_chains``' ``on_part``), so building
+    them overlaps the workers instead of following them.
+
+    The valid records are a prefix of the chain, and each range hands over its puts in
+    order, so what went in is the exact list of puts whenever it is as long as that list;
+    otherwise (a cut at a torn tail, a gap) :meth:`finish` throws it away."""
+
+    def __init__(self, new: Path, cfg: StoreConfig, clock):
+        new.mkdir()
+        self.dir = new
+        self.svc = IndexService(new, IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num),
+                                clock=clock, flush_full_files=False)
+        self.puts = 0
+        self.stopped = False
+
+    def __call__(self, segment: int, part: dict) -> None:
+        if self.stopped:
+            return
+        h = part["key_hash"]
+        if len(h):
+            self.svc.put_hashes(h, part["key_phy"], part["key_ts"])
+            self.puts += len(h)
+        if part["n"] and not part["consistent"].all():
+            self.stopped = True  # nothing after this range is on a trusted chain
+
+    def finish(self, d: Dispatched, fsync: bool) -> tuple[int, list[str]] | None:
+        """(entries, file names) when the puts made are exactly ``d``'s; else None, with
+        the files removed."""
+        if self.puts == len(d.key_hash):
+            return _finish_index(self.svc, fsync)
+        self.svc.close()
+        shutil.rmtree(self.dir)
+        return None
+
+
+def _finish_index(svc: IndexService, fsync: bool) -> tuple[int, list[str]]:
+    with svc:
+        if fsync:
+            svc.flush()
+        return (sum(max(f.header.index_count - 1, 0) for f in svc.files),
+                [f.path.name for f in svc.files])
+
+
 def _build_index(root: Path, scratch: Path, d: Dispatched, cfg: StoreConfig, start: int,
                  clock, fsync: bool) -> tuple[int, list[str]]:
     geometry = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
@@ -384,13 +444,13 @@ def _build_index(root: Path, scratch: Path, d: Dispatched, cfg: StoreConfig, sta
     if start:
         for p in _kept_index_files(root, geometry, start):
             shutil.copy2(p, new / p.name)
-    with IndexService(new, geometry, clock=clock, flush_full_files=False) as svc:
+    svc = IndexService(new, geometry, clock=clock, flush_full_files=False)
+    try:
         svc.put_hashes(h, phy, ts, skip_stale=bool(start))
-        if fsync:
-            svc.flush()
-        names = [f.path.name for f in svc.files]
-        n = sum(max(f.header.index_count - 1, 0) for f in svc.files)
-    return n, names
+    except BaseException:
+        svc.close()
+        raise
+    return _finish_index(svc, fsync)
 
 
 def _kept_index_files(root: Path, geometry: IndexGeometry, start: int) -> list[Path]:

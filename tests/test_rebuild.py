@@ -80,6 +80,7 @@ def test_index_built_in_a_child_is_the_same(scenario, tmp_path, monkeypatch):
     import rmqstore.rebuild as rb
 
     monkeypatch.setattr(rb, "PARALLEL_MIN_KEYS", 0)  # fork even for a small store
+    monkeypatch.setattr(rb.LiveIndex, "__call__", lambda self, *a: setattr(self, "puts", -1))
     src = ROCKETMQ_498 / scenario
     store = copy_store(src, tmp_path / scenario)
     shutil.rmtree(store / "consumequeue")
@@ -100,6 +101,7 @@ def test_child_failure_leaves_the_store_as_it_was(scenario, tmp_path, monkeypatc
         raise OSError("disk full (injected)")
 
     monkeypatch.setattr(rb, "PARALLEL_MIN_KEYS", 0)
+    monkeypatch.setattr(rb.LiveIndex, "__call__", lambda self, *a: setattr(self, "puts", -1))
     monkeypatch.setattr(rb, "_build_index", broken)
     store = copy_store(ROCKETMQ_498 / scenario, tmp_path / scenario)
     before = tree_hashes(store / "index")
@@ -107,3 +109,40 @@ def test_child_failure_leaves_the_store_as_it_was(scenario, tmp_path, monkeypatc
         rebuild(store)
     assert tree_hashes(store / "index") == before  # the old index files stay in place
     assert not [p for p in store.iterdir() if p.name.startswith(SCRATCH_PREFIX)]
+
+
+def test_index_built_during_the_scan_is_kept_only_when_exact(tmp_path, monkeypatch):
+    """The IndexFiles built while ranges arrive are used when their puts are exactly the
+    valid records' (a clean store), and thrown away for the bulk build when recovery cuts
+    records they saw (a CRC-torn tail): both give the same files as the bulk build."""
+    import random
+
+    import rmqstore.rebuild as rb
+    import test_faults as faults
+    from test_grouped import crc_torn_tail
+
+    kept = []
+    real_finish = rb.LiveIndex.finish
+
+    def spy(self, d, fsync):
+        out = real_finish(self, d, fsync)
+        kept.append(out is not None)
+        return out
+
+    monkeypatch.setattr(rb.LiveIndex, "finish", spy)
+    for damage in (None, crc_torn_tail):
+        base = faults.make_store(tmp_path / f"base-{damage is None}", seed=3)  # wall-clock times
+        if damage:
+            damage(base, faults.records(base), random.Random(1))
+        stores = []
+        for live in (True, False):
+            store = tmp_path / f"{damage is None}-{live}"
+            shutil.copytree(base, store)
+            with monkeypatch.context() as m:
+                if not live:
+                    m.setattr(rb.LiveIndex, "__call__", lambda self, *a: setattr(self, "puts", -1))
+                rebuild(store, clock=lambda: 1_700_000_000_000, processes=1)
+            stores.append(store)
+        assert _index_contents(stores[0]) == _index_contents(stores[1])
+        assert _cq_files(stores[0]) == _cq_files(stores[1])
+    assert kept == [True, False, False, False]  # clean: kept; torn tail: thrown away
