@@ -35,6 +35,7 @@ from .config import StoreConfig, load_config
 from .consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, build_consume_queue, list_queues
 from .errors import NotAStoreError
 from .index import IndexFile, IndexGeometry, IndexService, _list_index_files
+from .live import Live, finish_index
 from .parallel import Child, Done, pool_map
 from .grouped import grouped_dispatch, grouped_split
 from .redispatch import StoreScan, store_scan
@@ -299,8 +300,8 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
         job = live = None
         try:
             want_index = index and cfg.message_index_enable
-            if want_index and not start:
-                live = LiveIndex(scratch / "index", cfg, clock)
+            if not start:  # the files are built while the scan runs (rmqstore.live)
+                live = Live(scratch, cfg, clock, queues=consume_queue, index=want_index)
             task = functools.partial(grouped_split, delay_millis=cfg.delay_millis, keys=index)
             chains = scan_chains(cfg, task, processes=processes, progress=progress,
                                  on_part=live)
@@ -308,9 +309,11 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
             scan, d, d_index = grouped_dispatch(chains, cfg.mapped_file_size_commit_log, start,
                                                 index_from,
                                                 store_timestamp_at=store_timestamp_at(cfg))
-            if want_index:
-                built = live.finish(d_index, fsync) if live is not None else None
+            built_cq = built = None
+            if live is not None:
+                built_cq, built = live.finish(d, d_index, fsync)
                 live = None
+            if want_index:
                 if built is not None:
                     job = Done(lambda: built)
                 else:
@@ -320,7 +323,8 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
                     both = consume_queue and len(d_index.key_hash) >= PARALLEL_MIN_KEYS
                     job = Child(build) if both else Done(build)
             if consume_queue:
-                units = _build_cq(root, scratch, d, cfg, start, fsync)
+                units = built_cq if built_cq is not None else \
+                    _build_cq(root, scratch, d, cfg, start, fsync)
                 _swap(scratch, root, "consumequeue")
             if job is not None:
                 entries, names = job.result()
@@ -329,7 +333,7 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
             _update_checkpoint(root, cfg, d, consume_queue and not start)
         finally:
             if live is not None:
-                live.svc.close()
+                live.close()
             if job is not None:
                 try:
                     job.result()  # reap the child before its files go
@@ -390,51 +394,6 @@ def _cut_queue(qdir: Path, file_size: int, phy: int) -> None:
                 f.write(b"\0" * (s + file_size - byte))
 
 
-class LiveIndex:
-    """IndexFiles built while the scan still runs: each range's index puts go in as soon
-    as the range is known to be on the chain (``scan_chains``' ``on_part``), so building
-    them overlaps the workers instead of following them.
-
-    The valid records are a prefix of the chain, and each range hands over its puts in
-    order, so what went in is the exact list of puts whenever it is as long as that list;
-    otherwise (a cut at a torn tail, a gap) :meth:`finish` throws it away."""
-
-    def __init__(self, new: Path, cfg: StoreConfig, clock):
-        new.mkdir()
-        self.dir = new
-        self.svc = IndexService(new, IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num),
-                                clock=clock, flush_full_files=False)
-        self.puts = 0
-        self.stopped = False
-
-    def __call__(self, segment: int, part: dict) -> None:
-        if self.stopped:
-            return
-        h = part["key_hash"]
-        if len(h):
-            self.svc.put_hashes(h, part["key_phy"], part["key_ts"])
-            self.puts += len(h)
-        if part["n"] and not part["consistent"].all():
-            self.stopped = True  # nothing after this range is on a trusted chain
-
-    def finish(self, d: Dispatched, fsync: bool) -> tuple[int, list[str]] | None:
-        """(entries, file names) when the puts made are exactly ``d``'s; else None, with
-        the files removed."""
-        if self.puts == len(d.key_hash):
-            return _finish_index(self.svc, fsync)
-        self.svc.close()
-        shutil.rmtree(self.dir)
-        return None
-
-
-def _finish_index(svc: IndexService, fsync: bool) -> tuple[int, list[str]]:
-    with svc:
-        if fsync:
-            svc.flush()
-        return (sum(max(f.header.index_count - 1, 0) for f in svc.files),
-                [f.path.name for f in svc.files])
-
-
 def _build_index(root: Path, scratch: Path, d: Dispatched, cfg: StoreConfig, start: int,
                  clock, fsync: bool) -> tuple[int, list[str]]:
     geometry = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
@@ -450,7 +409,7 @@ def _build_index(root: Path, scratch: Path, d: Dispatched, cfg: StoreConfig, sta
     except BaseException:
         svc.close()
         raise
-    return _finish_index(svc, fsync)
+    return finish_index(svc, fsync)
 
 
 def _kept_index_files(root: Path, geometry: IndexGeometry, start: int) -> list[Path]:

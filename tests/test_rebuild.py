@@ -21,6 +21,11 @@ def _cq_files(root):
     return {str(p.relative_to(root)): p.read_bytes() for p in (root / "consumequeue").rglob("*") if p.is_file()}
 
 
+def _not_live(self, segment, part):
+    """Live.__call__ that takes nothing in: rebuild then always uses the bulk build."""
+    self.units = self.puts = -1
+
+
 def _index_contents(root):
     return [p.read_bytes() for p in sorted((root / "index").iterdir())]
 
@@ -80,7 +85,7 @@ def test_index_built_in_a_child_is_the_same(scenario, tmp_path, monkeypatch):
     import rmqstore.rebuild as rb
 
     monkeypatch.setattr(rb, "PARALLEL_MIN_KEYS", 0)  # fork even for a small store
-    monkeypatch.setattr(rb.LiveIndex, "__call__", lambda self, *a: setattr(self, "puts", -1))
+    monkeypatch.setattr(rb.Live, "__call__", _not_live)
     src = ROCKETMQ_498 / scenario
     store = copy_store(src, tmp_path / scenario)
     shutil.rmtree(store / "consumequeue")
@@ -101,7 +106,7 @@ def test_child_failure_leaves_the_store_as_it_was(scenario, tmp_path, monkeypatc
         raise OSError("disk full (injected)")
 
     monkeypatch.setattr(rb, "PARALLEL_MIN_KEYS", 0)
-    monkeypatch.setattr(rb.LiveIndex, "__call__", lambda self, *a: setattr(self, "puts", -1))
+    monkeypatch.setattr(rb.Live, "__call__", _not_live)
     monkeypatch.setattr(rb, "_build_index", broken)
     store = copy_store(ROCKETMQ_498 / scenario, tmp_path / scenario)
     before = tree_hashes(store / "index")
@@ -111,10 +116,11 @@ def test_child_failure_leaves_the_store_as_it_was(scenario, tmp_path, monkeypatc
     assert not [p for p in store.iterdir() if p.name.startswith(SCRATCH_PREFIX)]
 
 
-def test_index_built_during_the_scan_is_kept_only_when_exact(tmp_path, monkeypatch):
-    """The IndexFiles built while ranges arrive are used when their puts are exactly the
-    valid records' (a clean store), and thrown away for the bulk build when recovery cuts
-    records they saw (a CRC-torn tail): both give the same files as the bulk build."""
+def test_files_built_during_the_scan_are_kept_only_when_exact(tmp_path, monkeypatch):
+    """ConsumeQueues and IndexFiles built while ranges arrive are used when their units
+    and puts are exactly the valid records' (a clean store), and thrown away for the bulk
+    build when recovery cuts records they saw (a CRC-torn tail): both ways give the same
+    files as the bulk build."""
     import random
 
     import rmqstore.rebuild as rb
@@ -122,14 +128,14 @@ def test_index_built_during_the_scan_is_kept_only_when_exact(tmp_path, monkeypat
     from test_grouped import crc_torn_tail
 
     kept = []
-    real_finish = rb.LiveIndex.finish
+    real_finish = rb.Live.finish
 
-    def spy(self, d, fsync):
-        out = real_finish(self, d, fsync)
-        kept.append(out is not None)
+    def spy(self, d, d_index, fsync):
+        out = real_finish(self, d, d_index, fsync)
+        kept.append(tuple(x is not None for x in out))
         return out
 
-    monkeypatch.setattr(rb.LiveIndex, "finish", spy)
+    monkeypatch.setattr(rb.Live, "finish", spy)
     for damage in (None, crc_torn_tail):
         base = faults.make_store(tmp_path / f"base-{damage is None}", seed=3)  # wall-clock times
         if damage:
@@ -140,9 +146,10 @@ def test_index_built_during_the_scan_is_kept_only_when_exact(tmp_path, monkeypat
             shutil.copytree(base, store)
             with monkeypatch.context() as m:
                 if not live:
-                    m.setattr(rb.LiveIndex, "__call__", lambda self, *a: setattr(self, "puts", -1))
+                    m.setattr(rb.Live, "__call__", _not_live)
                 rebuild(store, clock=lambda: 1_700_000_000_000, processes=1)
             stores.append(store)
         assert _index_contents(stores[0]) == _index_contents(stores[1])
         assert _cq_files(stores[0]) == _cq_files(stores[1])
-    assert kept == [True, False, False, False]  # clean: kept; torn tail: thrown away
+    # clean: both kept; torn tail: both thrown away (and so are the disabled ones)
+    assert kept == [(True, True), (False, False), (False, False), (False, False)]
