@@ -103,11 +103,13 @@ def _validity(chain: list[dict]) -> SegmentDispatch:
 
 
 def grouped_dispatch(chains: list[list[dict]], segment_size: int, from_offset: int = 0,
-                     index_from: int | None = None, *, store_timestamp_at=None):
+                     index_from: int | None = None, *, store_timestamp_at=None,
+                     join: bool = True):
     """(StoreScan with validity fields only, Dispatched for the CQ, Dispatched for the
     index): what :func:`rmqstore.rebuild.dispatched` gives, from grouped parts. The index
     one starts at ``index_from`` (default ``from_offset``). ``store_timestamp_at(offset)``
-    reads one record's STORETIMESTAMP (for ``last_cq_timestamp``; 0 without it)."""
+    reads one record's STORETIMESTAMP (for ``last_cq_timestamp``; 0 without it). Without
+    ``join`` the units and puts are counted (``unit_count``, ``key_count``), not gathered."""
     from .rebuild import Dispatched
 
     scan = store_scan([_validity(c) for c in chains], segment_size)
@@ -131,13 +133,17 @@ def grouped_dispatch(chains: list[list[dict]], segment_size: int, from_offset: i
             hi = min(k - base, n)
             lo_cq, lo_ix = max(a_cq - base, 0), max(a_ix - base, 0)
             if hi > lo_cq:
-                last_cq = max(last_cq, _join_units(d, lo_cq, hi, n, per_queue, base, p))
+                last, count = _join_units(d, lo_cq, hi, n, per_queue if join else None, base, p)
+                last_cq = max(last_cq, last)
+                cq.unit_count += count
             if hi > lo_ix and len(d["key_rec"]):
                 kr = d["key_rec"]
                 i = int(np.searchsorted(kr, lo_ix)) if lo_ix else 0
                 j = int(np.searchsorted(kr, hi)) if hi < n else len(kr)
                 if j > i:
-                    keys.append((d["key_hash"][i:j], d["key_phy"][i:j], d["key_ts"][i:j]))
+                    ix.key_count += j - i
+                    if join:
+                        keys.append((d["key_hash"][i:j], d["key_phy"][i:j], d["key_ts"][i:j]))
             base += n
             if base >= k:
                 break
@@ -151,12 +157,13 @@ def grouped_dispatch(chains: list[list[dict]], segment_size: int, from_offset: i
     return scan, cq, ix
 
 
-def _join_units(d: dict, lo: int, hi: int, n: int, per_queue: dict, base: int,
-                seg: SegmentDispatch) -> int:
-    """Append the units of records ``lo <= rec < hi`` of one range to their queues;
-    returns the CommitLog offset of the last of them (-1 if none)."""
+def _join_units(d: dict, lo: int, hi: int, n: int, per_queue: dict | None, base: int,
+                seg: SegmentDispatch) -> tuple[int, int]:
+    """Append the units of records ``lo <= rec < hi`` of one range to their queues (only
+    count them without ``per_queue``); returns (CommitLog offset of the last of them or
+    -1, how many)."""
     rec, qo, dense = d["rec"], d["qo"], d["qo_dense"]
-    best = -1
+    best, count = -1, 0
     whole = lo == 0 and hi == n
     for g, (topic, qid, a, b) in enumerate(d["groups"]):
         a0 = a
@@ -165,8 +172,11 @@ def _join_units(d: dict, lo: int, hi: int, n: int, per_queue: dict, base: int,
             a, b = a + int(np.searchsorted(r, lo)), a + int(np.searchsorted(r, hi))
             if b <= a:
                 continue
+        count += b - a
+        best = max(best, int(rec[b - 1]))
+        if per_queue is None:
+            continue
         q = np.arange(qo[g] + a - a0, qo[g] + b - a0, dtype=np.int64) if dense else qo[a:b]
         per_queue.setdefault((topic, qid), []).append(
             (q, d["phy"][a:b], d["usize"][a:b], d["tags"][a:b]))
-        best = max(best, int(rec[b - 1]))
-    return int(seg.offset[base + best]) if best >= 0 else -1
+    return (int(seg.offset[base + best]) if best >= 0 else -1), count

@@ -95,7 +95,7 @@ class Live:
         files are removed, for the bulk build to write."""
         cq = None
         if self.writers is not None:
-            if self.units == sum(len(u[0]) for u in d.units.values()):
+            if self.units == d.unit_count:
                 for w in self.writers.values():
                     if fsync:
                         w.flush()
@@ -107,7 +107,7 @@ class Live:
         ix = None
         if self.svc is not None:
             svc, self.svc = self.svc, None
-            if self.puts == len(d_index.key_hash):
+            if self.puts == d_index.key_count:
                 ix = finish_index(svc, fsync)
             else:
                 svc.close()

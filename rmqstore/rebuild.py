@@ -156,6 +156,8 @@ class Dispatched:
     messages: int = 0
     bytes: int = 0
     last_cq_timestamp: int = 0  # store time of the last record given a CQ unit (§8.1)
+    unit_count: int = 0  # units in ``units`` (set even when they were only counted)
+    key_count: int = 0  # index puts (likewise)
 
 
 def dispatched(scan: StoreScan, from_offset: int = 0) -> Dispatched:
@@ -215,6 +217,8 @@ def dispatched(scan: StoreScan, from_offset: int = 0) -> Dispatched:
                 out.units[by_id[t], q + qmin] = (qo[a:b], phy[a:b], size[a:b], tags[a:b])
     if key_parts:
         out.key_hash, out.key_offset, out.key_timestamp = (np.concatenate(c) for c in zip(*key_parts))
+    out.unit_count = sum(len(u[0]) for u in out.units.values())
+    out.key_count = len(out.key_hash)
     return out
 
 
@@ -306,13 +310,17 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
             chains = scan_chains(cfg, task, processes=processes, progress=progress,
                                  on_part=live)
             index_from = _kept_index_end(root, cfg, start) if index and start else start
-            scan, d, d_index = grouped_dispatch(chains, cfg.mapped_file_size_commit_log, start,
-                                                index_from,
-                                                store_timestamp_at=store_timestamp_at(cfg))
+            dispatch = functools.partial(grouped_dispatch, chains,
+                                         cfg.mapped_file_size_commit_log, start, index_from,
+                                         store_timestamp_at=store_timestamp_at(cfg))
+            # With the files built live, the units and puts need only be counted.
+            scan, d, d_index = dispatch(join=live is None)
             built_cq = built = None
             if live is not None:
                 built_cq, built = live.finish(d, d_index, fsync)
                 live = None
+                if (consume_queue and built_cq is None) or (want_index and built is None):
+                    scan, d, d_index = dispatch()  # the bulk build needs the arrays
             if want_index:
                 if built is not None:
                     job = Done(lambda: built)
