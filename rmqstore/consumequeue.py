@@ -446,14 +446,19 @@ class ConsumeQueueWriter:
     def _write_dense(self, phy: np.ndarray, size: np.ndarray, tags: np.ndarray) -> None:
         units = np.empty(len(phy), dtype=L.CQ_UNIT_DTYPE)
         units["commit_log_offset"], units["size"], units["tags_code"] = phy, size, tags
-        data = units.tobytes()
+        data = memoryview(units).cast("B")
         done = 0
         while done < len(data):
             if self.write_pos == self._starts[-1] + self.file_size:
                 self._starts.append(self.write_pos)
-            room = self._starts[-1] + self.file_size - self.write_pos
+            start = self._starts[-1]
+            room = start + self.file_size - self.write_pos
             chunk = data[done:done + room]
-            self._pwrite(self.write_pos, chunk)
+            if len(chunk) >= _PWRITE_MIN:
+                # Many units: one pwrite costs less than page-faulting the fresh mapping.
+                os.pwrite(self._fd(start), chunk, self.write_pos - start)
+            else:
+                self._pwrite(self.write_pos, chunk)
             self.write_pos += len(chunk)
             done += len(chunk)
         self.max_physic_offset = int(phy[-1] + size[-1])
@@ -475,6 +480,9 @@ class ConsumeQueueWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+_PWRITE_MIN = 64 * 1024  # bytes from which dense units are written with pwrite
 
 
 def build_consume_queue(path: str | os.PathLike, queue_offsets, commit_log_offsets, sizes,
