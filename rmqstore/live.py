@@ -26,6 +26,8 @@ from .index import IndexGeometry, IndexService
 
 #: A range with more queues than this makes writing per range cost more than in bulk.
 MAX_GROUPS = 256
+#: Queues written live at most: each keeps files open until the end (descriptor limits).
+MAX_QUEUES = 512
 
 
 def finish_index(svc: IndexService, fsync: bool) -> tuple[int, list[str]]:
@@ -64,6 +66,8 @@ class Live:
                 self._drop_queues()
             else:
                 self._units(part)
+                if self.writers is not None and len(self.writers) > MAX_QUEUES:
+                    self._drop_queues()
         h = part["key_hash"]
         if self.svc is not None and len(h):
             self.svc.put_hashes(h, part["key_phy"], part["key_ts"])

@@ -153,3 +153,32 @@ def test_files_built_during_the_scan_are_kept_only_when_exact(tmp_path, monkeypa
         assert _cq_files(stores[0]) == _cq_files(stores[1])
     # clean: both kept; torn tail: both thrown away (and so are the disabled ones)
     assert kept == [(True, True), (False, False), (False, False), (False, False)]
+
+
+@pytest.mark.parametrize("limit", ["MAX_GROUPS", "MAX_QUEUES"])
+def test_many_queues_fall_back_to_the_bulk_build(limit, tmp_path, monkeypatch):
+    """Past the live builder's queue limits (descriptors, per-range cost) the queues are
+    written in bulk at the end; the files are the same either way."""
+    import rmqstore.live as live
+    import test_faults as faults
+
+    base = faults.make_store(tmp_path / "base", seed=4)  # 12 queues
+    files, dropped = [], []
+    for cap in (None, 2):
+        store = tmp_path / f"s{cap}"
+        shutil.copytree(base, store)
+        with monkeypatch.context() as m:
+            if cap is not None:
+                m.setattr(live, limit, cap)
+            m.setattr(live.Live, "_drop_queues", _counting(live.Live._drop_queues, dropped))
+            rebuild(store, clock=lambda: 1_700_000_000_000, processes=1)
+        files.append(_cq_files(store))
+        dropped.append("|")
+    assert files[0] == files[1] and dropped == ["|", "dropped", "|"]
+
+
+def _counting(fn, log):
+    def wrapped(self):
+        log.append("dropped")
+        return fn(self)
+    return wrapped
