@@ -28,17 +28,25 @@ def grouped_split(split, check_crc: bool = True, delay_millis=None, keys: bool =
 
 
 def pack_grouped(p: SegmentDispatch) -> dict:
-    """What a rebuild needs of one range's records (see the module docstring)."""
+    """What a rebuild needs of one range's records (see the module docstring).
+
+    The hand-over is pickled through a pipe, which costs about as much per byte as the
+    scan itself, so it is kept small: what follows from the sizes (each record's offset,
+    a unit's size, PHYSICALOFFSET while it equals the offset) is left out and recomputed
+    by :func:`units` and :func:`keys`; all-true flags, queue offsets that count up by one
+    in every group, 32-bit tags codes and timestamps close together travel compressed."""
     n = len(p)
     d = {"start": p.start, "limit": p.limit, "chain_end": p.chain_end, "stop": p.stop,
          "n": n, "first": int(p.offset[0]) if n else 0, "size": p.size.astype(np.int32),
-         "consistent": p.consistent, "crc_ok": p.crc_ok, "groups": []}
+         "consistent": None if p.consistent.all() else p.consistent,
+         "crc_ok": None if p.crc_ok.all() else p.crc_ok, "groups": []}
     z32, z64 = np.zeros(0, np.int32), np.zeros(0, np.int64)
-    d.update(rec=z32, qo=None, qo_dense=False, phy=z64, usize=z32, tags=z32,
-             key_rec=z32, key_hash=z32, key_phy=z64, key_ts=z64)
+    d.update(rec=z32, qo=None, qo_dense=False, phy=None, tags=z32,
+             key_rec=z32, key_hash=z32, key_phy=None, key_ts=z64, key_ts0=0)
     if not n:
         return d
     good = n if p.consistent.all() else int(np.argmin(p.consistent))
+    same = bool((p.physical_offset[:good] == p.offset[:good]).all())
     tx = p.sys_flag[:good] & L.SYSFLAG_TRANSACTION_MASK
     cq = np.flatnonzero((tx == L.TRANSACTION_NOT_TYPE) | (tx == L.TRANSACTION_COMMIT))
     if len(cq):
@@ -57,25 +65,61 @@ def pack_grouped(p: SegmentDispatch) -> dict:
             d["groups"].append((p.topics[t], q + qmin, a, b))
         rec = cq[order]
         qo, tags = p.queue_offset[rec], p.tags_code[rec]
-        # Hand-over is pickled, so it is kept small: queue offsets as each group's first
-        # when every group counts up by one (the usual case), tags codes as 32-bit ints
-        # unless delivery times (delay topic) need 64.
         step = np.ones(len(qo), bool)
         step[1:] = qo[1:] == qo[:-1] + 1
         step[cuts[:-1]] = True
         d.update(rec=rec.astype(np.int32),
                  qo=qo[cuts[:-1]] if step.all() else qo, qo_dense=bool(step.all()),
-                 phy=p.physical_offset[rec], usize=p.size[rec].astype(np.int32),
+                 phy=None if same else p.physical_offset[rec],
                  tags=tags.astype(np.int32) if _fits32(tags) else tags)
     kr = p.key_record
     if len(kr):
+        ts = p.store_timestamp[kr]
+        ts0 = int(ts.min())
+        delta = ts - ts0
         d.update(key_rec=kr.astype(np.int32), key_hash=p.key_hash.astype(np.int32),
-                 key_phy=p.physical_offset[kr], key_ts=p.store_timestamp[kr])
+                 key_phy=None if same else p.physical_offset[kr],
+                 key_ts=delta.astype(np.int32) if _fits32(delta) else ts,
+                 key_ts0=ts0 if _fits32(delta) else 0)
     return d
 
 
 def _fits32(a: np.ndarray) -> bool:
     return not len(a) or (int(a.min()) >= -2**31 and int(a.max()) < 2**31)
+
+
+def record_offsets(d: dict) -> np.ndarray:
+    """CommitLog offset of each record of a grouped part (the chain is contiguous)."""
+    off = d.get("_offsets")
+    if off is None:
+        size = d["size"]
+        off = np.empty(len(size), np.int64)
+        if len(size):
+            off[0] = d["first"]
+            np.cumsum(size[:-1], out=off[1:])
+            off[1:] += d["first"]
+        d["_offsets"] = off
+    return off
+
+
+def units(d: dict, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(PHYSICALOFFSET, size, tagsCode) of a grouped part's units ``a:b``."""
+    rec = d["rec"][a:b]
+    phy = record_offsets(d)[rec] if d["phy"] is None else d["phy"][a:b]
+    return phy, d["size"][rec], d["tags"][a:b]
+
+
+def keys(d: dict, i: int, j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(index hash, PHYSICALOFFSET, STORETIMESTAMP) of a grouped part's puts ``i:j``."""
+    kr = d["key_rec"][i:j]
+    phy = record_offsets(d)[kr] if d["key_phy"] is None else d["key_phy"][i:j]
+    return d["key_hash"][i:j], phy, d["key_ts"][i:j].astype(np.int64) + d["key_ts0"]
+
+
+def flags(d: dict, name: str) -> np.ndarray:
+    """``consistent`` or ``crc_ok`` of every record (sent only when not all true)."""
+    v = d[name]
+    return np.ones(d["n"], bool) if v is None else v
 
 
 def _validity(chain: list[dict]) -> SegmentDispatch:
@@ -85,18 +129,10 @@ def _validity(chain: list[dict]) -> SegmentDispatch:
     parts = [d for d in chain if d["n"]]
     if not parts:
         return out
-    size = np.concatenate([d["size"] for d in parts]).astype(np.int64)
-    off = np.empty(len(size), np.int64)
-    base = 0
-    for d in parts:  # each range's records are contiguous from its first
-        seg = off[base:base + d["n"]]
-        seg[0] = d["first"]
-        np.cumsum(d["size"][:-1], out=seg[1:])
-        seg[1:] += d["first"]
-        base += d["n"]
-    out.offset, out.size = off, size
-    out.consistent = np.concatenate([d["consistent"] for d in parts])
-    out.crc_ok = np.concatenate([d["crc_ok"] for d in parts])
+    out.size = np.concatenate([d["size"] for d in parts]).astype(np.int64)
+    out.offset = np.concatenate([record_offsets(d) for d in parts])
+    out.consistent = np.concatenate([flags(d, "consistent") for d in parts])
+    out.crc_ok = np.concatenate([flags(d, "crc_ok") for d in parts])
     if not out.consistent.all():
         out.crc_ok[int(np.argmin(out.consistent)):] = True  # untrusted: as merge_splits
     return out
@@ -116,7 +152,7 @@ def grouped_dispatch(chains: list[list[dict]], segment_size: int, from_offset: i
     cq, ix = Dispatched(), Dispatched()
     index_from = from_offset if index_from is None else index_from
     per_queue: dict[tuple[str, int], list] = {}
-    keys = []
+    puts = []
     last_cq = -1  # offset of the last record given a unit
     for p, k, chain in zip(scan.parts, scan.kept, chains):
         if not k:
@@ -143,7 +179,7 @@ def grouped_dispatch(chains: list[list[dict]], segment_size: int, from_offset: i
                 if j > i:
                     ix.key_count += j - i
                     if join:
-                        keys.append((d["key_hash"][i:j], d["key_phy"][i:j], d["key_ts"][i:j]))
+                        puts.append(keys(d, i, j))
             base += n
             if base >= k:
                 break
@@ -151,8 +187,8 @@ def grouped_dispatch(chains: list[list[dict]], segment_size: int, from_offset: i
                 for key, parts in per_queue.items()}
     if last_cq >= 0 and store_timestamp_at is not None:
         cq.last_cq_timestamp = store_timestamp_at(last_cq)
-    if keys:
-        h, phy, ts = (np.concatenate(c) for c in zip(*keys))
+    if puts:
+        h, phy, ts = (np.concatenate(c) for c in zip(*puts))
         ix.key_hash, ix.key_offset, ix.key_timestamp = h.astype(np.int64), phy, ts
     return scan, cq, ix
 
@@ -177,6 +213,5 @@ def _join_units(d: dict, lo: int, hi: int, n: int, per_queue: dict | None, base:
         if per_queue is None:
             continue
         q = np.arange(qo[g] + a - a0, qo[g] + b - a0, dtype=np.int64) if dense else qo[a:b]
-        per_queue.setdefault((topic, qid), []).append(
-            (q, d["phy"][a:b], d["usize"][a:b], d["tags"][a:b]))
+        per_queue.setdefault((topic, qid), []).append((q, *units(d, a, b)))
     return (int(seg.offset[base + best]) if best >= 0 else -1), count

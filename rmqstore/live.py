@@ -22,6 +22,7 @@ import numpy as np
 
 from .config import StoreConfig
 from .consumequeue import ConsumeQueueWriter
+from .grouped import keys, units
 from .index import IndexGeometry, IndexService
 
 #: A range with more queues than this makes writing per range cost more than in bulk.
@@ -68,11 +69,11 @@ class Live:
                 self._units(part)
                 if self.writers is not None and len(self.writers) > MAX_QUEUES:
                     self._drop_queues()
-        h = part["key_hash"]
-        if self.svc is not None and len(h):
-            self.svc.put_hashes(h, part["key_phy"], part["key_ts"])
-            self.puts += len(h)
-        if part["n"] and not part["consistent"].all():
+        m = len(part["key_hash"])
+        if self.svc is not None and m:
+            self.svc.put_hashes(*keys(part, 0, m))
+            self.puts += m
+        if part["consistent"] is not None and not part["consistent"].all():
             self.stopped = True  # nothing after this range is on a trusted chain
 
     def _units(self, part: dict) -> None:
@@ -83,8 +84,7 @@ class Live:
                 w = self.writers[topic, qid] = ConsumeQueueWriter(
                     self.cq_dir / topic / str(qid), self.file_size)
             q = np.arange(qo[g], qo[g] + b - a, dtype=np.int64) if dense else qo[a:b]
-            self.written += w.put_many(q, part["phy"][a:b], part["usize"][a:b],
-                                       part["tags"][a:b])
+            self.written += w.put_many(q, *units(part, a, b))
             self.units += b - a
 
     def _drop_queues(self) -> None:

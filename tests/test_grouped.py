@@ -86,7 +86,22 @@ def queue_offsets_off(store, recs, rng):
     faults._patch(store / f, pos + 20, (0).to_bytes(8, "big"))
 
 
-@pytest.mark.parametrize("fault", faults.FAULTS + [crc_torn_tail, queue_offsets_off],
+def stored_fields_off(store, recs, rng):
+    """A PHYSICALOFFSET that is not the record's position and a STORETIMESTAMP 40 days
+    later (neither is covered by the body CRC): the hand-over's compact forms (offsets
+    from sizes, 32-bit time deltas) must give way to the stored values."""
+    off = recs[len(recs) // 2][0]
+    f, pos = faults.seg_of(off)
+    faults._patch(store / f, pos + 28, (off + 4096).to_bytes(8, "big"))
+    off = recs[len(recs) // 3][0]
+    f, pos = faults.seg_of(off)
+    data = (store / f).read_bytes()
+    ts = int.from_bytes(data[pos + 56:pos + 64], "big") + 40 * 86_400_000  # IPv4 hosts: @56
+    faults._patch(store / f, pos + 56, ts.to_bytes(8, "big"))
+
+
+@pytest.mark.parametrize("fault", faults.FAULTS + [crc_torn_tail, queue_offsets_off,
+                                                   stored_fields_off],
                          ids=lambda f: f.__name__)
 def test_damaged_stores(fault, base_store, tmp_path):
     store = tmp_path / "s"
