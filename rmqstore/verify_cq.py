@@ -154,7 +154,9 @@ def _check_queue(c, fs, key, st, exp, valid_off, end, min_offset, debris, reput_
               f"{int(tags[hi[w]])}, the record gives {int(etags[hr[w]])} (tag filters misroute "
               "it; `rmqstore rebuild --consumequeue` rewrites units from the records)",
               queueOffset=int(qo[hi[w]]), count=int(bad_tags.sum()))
-    if len(hr) and len(np.unique(hr)) != len(hr):
+    # Units in queue order point forward, so a strictly increasing hr (one pass) has no
+    # duplicate; only otherwise is it worth a sort.
+    if len(hr) > 1 and not (hr[1:] > hr[:-1]).all() and len(np.unique(hr)) != len(hr):
         s = np.sort(hr)
         dup = s[1:][s[1:] == s[:-1]]
         first = int(qo[hi][np.flatnonzero(hr == dup[0])[1]])

@@ -89,3 +89,17 @@ def test_cli_exit_codes_and_json(scenario, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "cli.main", "verify", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def test_duplicate_unit_is_reported(tmp_path):
+    """Two units of one queue pointing at one record: cq-duplicate, at the second one."""
+    import test_faults as faults
+
+    store = faults.make_store(tmp_path / "s", seed=9)
+    qdir = store / "consumequeue" / "T0" / "0"
+    seg = sorted(qdir.iterdir())[0]
+    data = bytearray(seg.read_bytes())
+    data[5 * 20:6 * 20] = data[4 * 20:5 * 20]  # unit 5 repeats unit 4
+    seg.write_bytes(bytes(data))
+    found = [(f.code, f.file, f.offset) for f in verify(store).findings]
+    assert ("cq-duplicate", f"consumequeue/T0/0/{seg.name}", 5 * 20) in found
