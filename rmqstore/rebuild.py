@@ -1,19 +1,26 @@
 """Rebuild ConsumeQueue and IndexFile from the CommitLog (re-dispatch, spec §9).
 
 ``rebuild(root)`` scans the CommitLog in parallel worker processes, each segment cut into
-32 MiB byte ranges (:func:`scan_commitlog` over :mod:`rmqstore.splits`: resync, chain,
-§3.9 size rule, body CRC, tagsCode and index key hashes, all vectorised in
-:mod:`rmqstore.redispatch`; ranges that do not continue each other's chain are re-read
-from where the chain says), merges them in CommitLog order, and writes
-new files into a scratch directory *inside* the store with the bulk builders
-(:func:`~rmqstore.consumequeue.build_consume_queue`, :func:`~rmqstore.index.build_index`),
-which write the same bytes as the broker's dispatch. The new directories are then swapped
-in by rename: until the swap the old files are untouched, so a crash mid-rebuild leaves a
-usable store (and a scratch directory that ``verify`` reports and ``repair`` removes).
+32 MiB byte ranges (:func:`scan_chains` over :mod:`rmqstore.splits`: resync, chain, §3.9
+size rule, body CRC, tagsCode and index key hashes, all vectorised in
+:mod:`rmqstore.redispatch`; a range that does not continue the previous one's chain is
+re-read from where the chain says). Each worker hands back its range's units already
+grouped per queue (:mod:`rmqstore.grouped`), and as the ranges join the chain, in order,
+the parent writes their units and index puts into new files in a scratch directory
+*inside* the store (:mod:`rmqstore.live`), with the same bytes as the broker's dispatch.
+When the end of valid data is known, the files are kept if they hold exactly the valid
+records' units and puts, else written again in bulk
+(:func:`~rmqstore.consumequeue.build_consume_queue`, :func:`~rmqstore.index.build_index`).
+The new directories are then swapped in by rename: until the swap the old files are
+untouched, so a crash mid-rebuild leaves a usable store (and a scratch directory that
+``verify`` reports and ``repair`` removes).
 
 With ``from_offset`` only records at or after it are re-dispatched: ConsumeQueue units
 pointing there or later are cut first, and index files that reach it are rebuilt from the
 end of the last index file before it (the §7.3 ``offset < endPhyOffset`` skip applies).
+
+``verify`` uses :func:`scan_commitlog`: the same workers, handing back every field of
+every record, merged per segment.
 """
 
 from __future__ import annotations
