@@ -57,7 +57,7 @@ def walk_chain(buf, pos: int, limit: int) -> tuple[np.ndarray, int, str]:
 _VEC_MAX_AVG = 640
 _PROBE = 32  # records walked in Python before choosing
 _MAGIC_BYTES = (L.MAGIC_V1 & 0xFFFFFFFF).to_bytes(4, "big"), (L.MAGIC_V2 & 0xFFFFFFFF).to_bytes(4, "big")
-_VEC_CHUNK = 16 * 1024 * 1024  # bytes compared at a time (keeps the masks in cache)
+_VEC_CHUNK = 1024 * 1024  # bytes compared at a time: the masks stay in cache (16 MiB: 1.5x slower)
 
 
 def _stop_at(buf, pos: int, end: int, limit: int) -> str:
