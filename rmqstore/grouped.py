@@ -19,12 +19,17 @@ from __future__ import annotations
 import numpy as np
 
 from . import layout as L
+from .parallel import arena
 from .redispatch import SegmentDispatch, split_dispatch, store_scan
 
 
-def grouped_split(split, check_crc: bool = True, delay_millis=None, keys: bool = True) -> tuple:
-    """A worker's task: (boundary, grouped part) of one byte range."""
-    return split_dispatch(split, check_crc, delay_millis, keys, pack_grouped)
+def grouped_split(split, check_crc: bool = True, delay_millis=None, keys: bool = True,
+                  arena_key: int | None = None) -> tuple:
+    """A worker's task: (boundary, grouped part) of one byte range; with ``arena_key``,
+    the part's arrays are left in that shared :class:`~rmqstore.parallel.Arena`."""
+    b, d = split_dispatch(split, check_crc, delay_millis, keys, pack_grouped)
+    shared = arena(arena_key)
+    return b, (shared.put(split.split_id, d) if shared is not None else d)
 
 
 def pack_grouped(p: SegmentDispatch) -> dict:

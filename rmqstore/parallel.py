@@ -6,9 +6,12 @@ in milliseconds; results come back pickled.
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 from typing import Callable
+
+import numpy as np
 
 
 def pool_map(fn, items, workers: int):
@@ -65,3 +68,74 @@ class Done:
 
     def result(self):
         return self._value
+
+
+class _Ref:
+    """Where an array a worker wrote into an :class:`Arena` lies."""
+
+    __slots__ = ("offset", "dtype", "shape")
+
+    def __init__(self, offset: int, dtype: str, shape: tuple):
+        self.offset, self.dtype, self.shape = offset, dtype, shape
+
+    def __reduce__(self):
+        return _Ref, (self.offset, self.dtype, self.shape)
+
+
+_ARENAS: dict[int, "Arena"] = {}
+
+
+class Arena:
+    """Shared memory that forked workers fill and the parent reads without a copy.
+
+    Handing a result back pickles it through a pipe: four copies and many small reads,
+    as much work as a fast task itself. Instead a task writes its big arrays into its own
+    slot of one anonymous shared mapping, made before the workers fork, and sends only
+    where they lie; the parent's arrays are views of the mapping. An array that does not
+    fit its slot travels pickled as before. Register with ``with Arena(...) as a`` before
+    the pool starts; tasks find it by :attr:`key`."""
+
+    MIN_BYTES = 1024  # smaller arrays are cheaper pickled
+
+    def __init__(self, slots: int, slot_size: int):
+        self.slot_size = -(-slot_size // 4096) * 4096
+        self.mm = mmap.mmap(-1, max(slots, 1) * self.slot_size)  # MAP_SHARED | ANONYMOUS
+        self.buf = np.frombuffer(self.mm, dtype=np.uint8)
+        self.key = id(self)
+
+    def __enter__(self) -> "Arena":
+        _ARENAS[self.key] = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _ARENAS.pop(self.key, None)  # views keep the mapping alive as long as needed
+
+    def put(self, slot: int, d: dict) -> dict:
+        """In a worker: ``d`` with its big arrays written into ``slot``, as references."""
+        base, used, out = slot * self.slot_size, 0, {}
+        for k, v in d.items():
+            if isinstance(v, np.ndarray) and v.nbytes >= self.MIN_BYTES:
+                v = np.ascontiguousarray(v)
+                if used + v.nbytes <= self.slot_size:
+                    self.buf[base + used:base + used + v.nbytes] = v.reshape(-1).view(np.uint8)
+                    out[k] = _Ref(base + used, v.dtype.str, v.shape)
+                    used = -(-(used + v.nbytes) // 8) * 8
+                    continue
+            out[k] = v
+        return out
+
+    def get(self, d: dict) -> dict:
+        """In the parent: ``d`` with references turned into arrays (views, no copy)."""
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, _Ref):
+                dt = np.dtype(v.dtype)
+                count = int(np.prod(v.shape))
+                v = np.frombuffer(self.mm, dtype=dt, count=count, offset=v.offset).reshape(v.shape)
+            out[k] = v
+        return out
+
+
+def arena(key: int | None) -> "Arena | None":
+    """The registered :class:`Arena` with this key (None for None or unknown)."""
+    return None if key is None else _ARENAS.get(key)

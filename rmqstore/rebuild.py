@@ -43,7 +43,7 @@ from .consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, build_consume_
 from .errors import NotAStoreError
 from .index import IndexFile, IndexGeometry, IndexService, _list_index_files
 from .live import Live, finish_index
-from .parallel import Child, Done, pool_map
+from .parallel import Arena, Child, Done, pool_map
 from .grouped import grouped_dispatch, grouped_split
 from .redispatch import StoreScan, store_scan
 from .segments import SegmentQueue
@@ -51,6 +51,11 @@ from .segments import SegmentQueue
 SCRATCH_PREFIX = ".rmqstore-rebuild-"
 #: Below this many CommitLog bytes the scan stays in this process (forking costs more).
 PARALLEL_MIN_BYTES = 32 * 1024 * 1024
+#: Shared memory for workers' results, at most (beyond it they come through pipes).
+ARENA_MAX = 4 << 30
+#: Shared memory reserved per byte of CommitLog for a grouped part (~24 bytes a record
+#: of at least 91 bytes, plus room for records with many keys).
+GROUPED_SHARE = 0.4
 #: From this many index puts on, the IndexFiles are built in a child beside the queues.
 PARALLEL_MIN_KEYS = 200_000
 
@@ -93,19 +98,30 @@ def scan_commitlog(config: StoreConfig, *, check_crc: bool = True, keys: bool = 
 
 def scan_chains(config: StoreConfig, task, *, processes: int | None = None,
                 progress: Progress | None = None, queue: SegmentQueue | None = None,
-                split_size: int | None = None, on_part=None) -> list[list]:
+                split_size: int | None = None, on_part=None,
+                shared: float | None = None) -> list[list]:
     """Per segment, the parts ``task`` made of its byte ranges along the record chain, in
     order (``task(split)`` gives ``(Boundary, part)``; ranges run in parallel).
     ``on_part(segment index, part)`` sees each part as soon as it is known to be on the
-    chain, in order, while later ranges are still being scanned."""
+    chain, in order, while later ranges are still being scanned.
+
+    With ``shared`` (bytes of a part per byte of range), parallel tasks get an
+    ``arena_key`` and leave their parts' arrays in shared memory (:class:`Arena`),
+    which is read without copies; stores too big for one arena fall back to pipes."""
     own = queue is None
     queue = queue or SegmentQueue(config.commit_log_dirs, config.mapped_file_size_commit_log,
                                   kind="commitlog")
+    shelf = None
     try:
-        splits = _splits(queue, config, split_size or SPLIT_SIZE)
+        size = split_size or SPLIT_SIZE
+        splits = _splits(queue, config, size)
         total = sum(s.end - s.begin for s in splits)
         workers = processes if processes is not None else (os.cpu_count() or 1)
+        receive = None
         if workers > 1 and len(splits) > 1 and total >= PARALLEL_MIN_BYTES:
+            if shared and len(splits) * size * shared <= ARENA_MAX:
+                shelf = Arena(len(splits), int(size * shared)).__enter__()
+                task, receive = functools.partial(task, arena_key=shelf.key), shelf.get
             it = pool_map(task, splits, min(workers, len(splits)))
         else:
             it = map(task, splits)
@@ -127,6 +143,8 @@ def scan_chains(config: StoreConfig, task, *, processes: int | None = None,
                 continue  # past the chain's end, or inside one record spanning the range
             if b.first != expected:
                 b, part = task(s.with_start(expected))
+            if receive is not None:
+                part = receive(part)
             chain.append(part)
             if on_part is not None:
                 on_part(len(chains), part)
@@ -135,6 +153,8 @@ def scan_chains(config: StoreConfig, task, *, processes: int | None = None,
             chains.append(chain)
         return chains
     finally:
+        if shelf is not None:
+            shelf.__exit__()
         if own:
             queue.close()
 
@@ -315,7 +335,7 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
                 live = Live(scratch, cfg, clock, queues=consume_queue, index=want_index)
             task = functools.partial(grouped_split, delay_millis=cfg.delay_millis, keys=index)
             chains = scan_chains(cfg, task, processes=processes, progress=progress,
-                                 on_part=live)
+                                 on_part=live, shared=GROUPED_SHARE)
             index_from = _kept_index_end(root, cfg, start) if index and start else start
             dispatch = functools.partial(grouped_dispatch, chains,
                                          cfg.mapped_file_size_commit_log, start, index_from,

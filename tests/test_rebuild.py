@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 
+import numpy as np
 import pytest
 
 from conftest import MESSAGE_SCENARIOS, ROCKETMQ_498, copy_store, scenario_params, store_expectations
@@ -182,3 +183,63 @@ def _counting(fn, log):
         log.append("dropped")
         return fn(self)
     return wrapped
+
+
+def test_parts_through_shared_memory_equal_parts_through_pipes(tmp_path, monkeypatch):
+    """Workers that leave their parts' arrays in the shared arena give the parent the
+    same parts as workers that pickle them."""
+    import functools
+
+    import numpy as np
+
+    import rmqstore.parallel as par
+    import rmqstore.rebuild as rb
+    import test_faults as faults
+    from rmqstore.grouped import grouped_split
+
+    store = faults.make_store(tmp_path / "s", seed=6, count=900)
+    cfg = load_config(store)
+    monkeypatch.setattr(rb, "PARALLEL_MIN_BYTES", 0)
+    task = functools.partial(grouped_split, delay_millis=cfg.delay_millis)
+    piped = rb.scan_chains(cfg, task, processes=2, split_size=1 << 15)
+    monkeypatch.setattr(par.Arena, "MIN_BYTES", 1)
+    shared = rb.scan_chains(cfg, task, processes=2, split_size=1 << 15, shared=0.2)
+    assert len(piped) == len(shared) > 1
+    in_arena = 0
+    for a_chain, b_chain in zip(piped, shared):
+        assert len(a_chain) == len(b_chain)
+        for a, b in zip(a_chain, b_chain):
+            assert a.keys() == b.keys()
+            for k in a:
+                if isinstance(a[k], np.ndarray):
+                    assert np.array_equal(a[k], b[k]) and a[k].dtype == b[k].dtype, k
+                    in_arena += _in_mmap(b[k])
+                else:
+                    assert a[k] == b[k], k
+    assert in_arena > 10
+
+
+def _in_mmap(a) -> bool:
+    """Is ``a`` a view of a memory map (numpy keeps a memoryview of it as the base)?"""
+    import mmap
+
+    while isinstance(a, np.ndarray):
+        a = a.base
+    return isinstance(a, memoryview) and isinstance(a.obj, mmap.mmap)
+
+
+def test_arena_keeps_what_does_not_fit_as_arrays():
+    import numpy as np
+
+    from rmqstore.parallel import Arena, _Ref
+
+    with Arena(2, 4096) as a:
+        d = {"small": np.arange(3), "fits": np.arange(400, dtype=np.int32),
+             "big": np.arange(5000, dtype=np.int64), "flags": np.ones(2000, bool), "n": 7}
+        put = a.put(1, d)
+        assert isinstance(put["fits"], _Ref) and isinstance(put["flags"], _Ref)
+        assert put["big"] is d["big"] and put["small"] is d["small"] and put["n"] == 7
+        got = a.get(put)
+        for k in ("fits", "flags"):
+            assert np.array_equal(got[k], d[k]) and got[k].dtype == d[k].dtype
+            assert _in_mmap(got[k])
