@@ -1,7 +1,8 @@
-"""Forked work: a process-pool ``map``, and one function run in a child beside the parent.
+"""Forked work: a process-pool ``map``, one function run in a child beside the parent, and
+an :class:`Arena` of shared memory for results too big to pickle cheaply.
 
-Both fork, so children inherit the parent's imports and arrays (copy-on-write) and start
-in milliseconds; results come back pickled.
+Everything forks, so children inherit the parent's imports and arrays (copy-on-write) and
+start in milliseconds; results come back pickled, or as views of the arena.
 """
 
 from __future__ import annotations
