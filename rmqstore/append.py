@@ -526,7 +526,11 @@ class CommitLogAppender:
         crc = zlib.crc32(body) & 0x7FFFFFFF
         tail = b"".join((body, tblock, _PROPS_LEN.pack(plen), props_b))
         queue_id = msg.queue_id
-        with self.lock:
+        # acquire/release, not ``with``: the context protocol costs about twice as much
+        # per put as the two calls.
+        lock = self.lock
+        lock.acquire()
+        try:
             end = self.end
             if self._seg is None or total + 8 > self.size - end % self.size:
                 self._write_blank()
@@ -553,6 +557,8 @@ class CommitLogAppender:
             self.last_record_offset = end
             if record is not None:
                 record(topic, queue_id, qoff, end, total, sys_flag, ts, props, text)
+        finally:
+            lock.release()
         prefix = self._msg_id_prefix.get(store)
         if prefix is None:
             prefix = offset_msg_id(store, 0)[:-16]
