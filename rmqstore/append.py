@@ -320,6 +320,7 @@ class CommitLogAppender:
         self.last_record_offset = -1  # PHYSICALOFFSET of the last record appended
         self._seg: Segment | None = None
         self._seg_start = 0
+        self._seg_end = 0  # where the current segment ends (0: none yet)
         self._buf = None
         # Fast single-put path (put_message): what prepare() works out per topic and per
         # host width, computed once.
@@ -331,6 +332,7 @@ class CommitLogAppender:
                               self.size - L.END_FILE_MIN_BLANK_LENGTH)
         self._topics: dict[str, tuple[int, bytes]] = {}
         self._msg_id_prefix: dict = {}
+        self._hosts = (None, None)  # see _hosts_entry
         self._fixed = []
         self._batch_dtypes = []
         for k in range(4):
@@ -352,6 +354,7 @@ class CommitLogAppender:
             self.queue.create_segment(start + self.size)
         self._seg = seg
         self._seg_start = seg.start
+        self._seg_end = seg.start + self.size
         self._buf = self._buffer_for(seg)
 
     def _room(self) -> int:
@@ -518,7 +521,10 @@ class CommitLogAppender:
         if plen > 16383 or blen > self._max_body:
             return None
         born, store = msg.born_host, msg.store_host
-        fixed, st, host_bits = self._fixed[(len(born[0]) == 16) + 2 * (len(store[0]) == 16)]
+        hosts = self._hosts
+        if born is not hosts[0] or store is not hosts[1]:
+            hosts = self._hosts_entry(born, store)
+        _, _, fixed, st, host_bits, prefix = hosts
         total = fixed + blen + len(tblock) + 2 + plen
         if total > self._max_total:
             return None
@@ -532,7 +538,7 @@ class CommitLogAppender:
         lock.acquire()
         try:
             end = self.end
-            if self._seg is None or total + 8 > self.size - end % self.size:
+            if end + total + 8 > self._seg_end:  # no room for the record and a BLANK
                 self._write_blank()
                 end = self.end
             if sys_flag & _TX_PREPARED_BIT:
@@ -559,12 +565,20 @@ class CommitLogAppender:
                 record(topic, queue_id, qoff, end, total, sys_flag, ts, props, text)
         finally:
             lock.release()
+        return _PutOk(end, total, qoff, ts, prefix)
+
+    def _hosts_entry(self, born, store) -> tuple:
+        """(born host, store host, fixed-part size, its struct, host sysFlag bits, msgId
+        prefix) for a host pair, kept as :attr:`_hosts` for the next put: most messages
+        carry the same two Host objects, which put_message then recognises by identity."""
+        fixed, st, host_bits = self._fixed[(len(born[0]) == 16) + 2 * (len(store[0]) == 16)]
         prefix = self._msg_id_prefix.get(store)
         if prefix is None:
             prefix = offset_msg_id(store, 0)[:-16]
             if len(self._msg_id_prefix) < 1024:
                 self._msg_id_prefix[store] = prefix
-        return _PutOk(end, total, qoff, ts, prefix)
+        self._hosts = hosts = (born, store, fixed, st, host_bits, prefix)
+        return hosts
 
     # --- the vectorised batch -------------------------------------------------------------
 
