@@ -37,6 +37,11 @@ _NO_QUEUE_OFFSET = (L.TRANSACTION_PREPARED, L.TRANSACTION_ROLLBACK)
 _SHORT_MAX = 32767
 _TOTAL_SIZE = L.RECORD_TOTAL_SIZE_STRUCT
 _PROPS_LEN = L.RECORD_PROPERTIES_LENGTH_STRUCT
+# PROPERTIESLENGTH fields of the lengths the single put takes (< 16 KiB), each packed on
+# first use: a list index is cheaper than a pack call per put.
+_PROPS_LEN_BYTES: list = [None] * 16384
+_NOT_HOST_BITS = ~(L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6)
+_crc32 = zlib.crc32
 _MAGIC_V1 = L.MAGIC_V1
 _TX_MASK = L.SYSFLAG_TRANSACTION_MASK
 _NAME_VALUE = L.PROPERTY_NAME_VALUE_SEPARATOR.join
@@ -513,7 +518,10 @@ class CommitLogAppender:
                 text = ""
         else:
             props = None
-        props_b = text.encode("utf-8", "replace")
+        try:
+            props_b = text.encode()
+        except UnicodeEncodeError:  # lone surrogates: replaced, as prepare() does
+            props_b = text.encode("utf-8", "replace")
         plen = len(props_b)
         body = msg.body or b""
         blen = len(body)
@@ -528,9 +536,12 @@ class CommitLogAppender:
         total = fixed + blen + len(tblock) + 2 + plen
         if total > self._max_total:
             return None
-        sys_flag = (msg.sys_flag & ~_HOST_BITS) | host_bits
-        crc = zlib.crc32(body) & 0x7FFFFFFF
-        tail = b"".join((body, tblock, _PROPS_LEN.pack(plen), props_b))
+        sys_flag = (msg.sys_flag & _NOT_HOST_BITS) | host_bits
+        crc = _crc32(body) & 0x7FFFFFFF
+        plen_b = _PROPS_LEN_BYTES[plen]
+        if plen_b is None:
+            plen_b = _PROPS_LEN_BYTES[plen] = _PROPS_LEN.pack(plen)
+        tail = b"".join((body, tblock, plen_b, props_b))
         queue_id = msg.queue_id
         # acquire/release, not ``with``: the context protocol costs about twice as much
         # per put as the two calls.
