@@ -234,7 +234,8 @@ class Dispatcher:
         # ConsumeQueueWriter.put's usual case (the next unit, in the mapped segment).
         pos = w.write_pos
         end = offset + size
-        if pos is not None and queue_offset * 20 == pos and end > w.max_physic_offset:
+        # (write_pos is None before the queue's first unit: never equal to an int)
+        if queue_offset * 20 == pos and end > w.max_physic_offset:
             rel = pos - w._map_start
             if 0 <= rel < w.file_size and w._map_start == w._starts[-1]:
                 _unit_pack_into(w._map_cur, rel, offset, size, code)
