@@ -337,7 +337,7 @@ class CommitLogAppender:
         # A record up to this size passes both size checks of prepare().
         self._max_total = min(config.max_message_size + 65536,
                               self.size - L.END_FILE_MIN_BLANK_LENGTH)
-        self._topics: dict[str, tuple[int, bytes]] = {}
+        self._topics: dict[str, tuple[int, bytes, int]] = {}
         self._msg_id_prefix: dict = {}
         self._hosts = (None, None)  # see _hosts_entry
         self._fixed = []
@@ -471,8 +471,9 @@ class CommitLogAppender:
     # --- the fast single put -------------------------------------------------------------
 
     def _topic_entry(self, topic: str):
-        """(magic, topic length field + topic bytes) for a magic-v1 message of ``topic``,
-        or None when prepare() would refuse the topic or pick another magic."""
+        """(magic, topic length field + topic bytes, their length + that of the
+        PROPERTIESLENGTH field) for a message of ``topic`` (magic v1 unless the topic
+        needs v2), or None when prepare() would refuse the topic."""
         topic_b = topic.encode("utf-8", "replace")
         jlen = _java_length(topic)
         if not self._v5:
@@ -482,7 +483,8 @@ class CommitLogAppender:
             return None
         magic = L.MAGIC_V2 if self._v5 and jlen > 127 else L.MAGIC_V1
         tsize = 2 if magic == L.MAGIC_V2 else 1
-        entry = (magic, len(topic_b).to_bytes(tsize, "big") + topic_b)
+        tblock = len(topic_b).to_bytes(tsize, "big") + topic_b
+        entry = (magic, tblock, len(tblock) + _PROPS_LEN.size)
         if len(self._topics) < 65536:
             self._topics[topic] = entry
         return entry
@@ -505,7 +507,7 @@ class CommitLogAppender:
                 return None
         if msg.magic != _MAGIC_V1:
             return None
-        magic, tblock = entry
+        magic, tblock, tlen = entry
         text = msg.properties_text
         if text is None:
             props = msg.properties
@@ -535,7 +537,7 @@ class CommitLogAppender:
         if born is not hosts[0] or store is not hosts[1]:
             hosts = self._hosts_entry(born, store)
         _, _, fixed, st, host_bits, prefix = hosts
-        total = fixed + blen + len(tblock) + 2 + plen
+        total = fixed + blen + tlen + plen
         if total > self._max_total:
             return None
         sys_flag = (msg.sys_flag & _NOT_HOST_BITS) | host_bits
