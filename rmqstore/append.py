@@ -37,6 +37,11 @@ _NO_QUEUE_OFFSET = (L.TRANSACTION_PREPARED, L.TRANSACTION_ROLLBACK)
 _SHORT_MAX = 32767
 _TOTAL_SIZE = L.RECORD_TOTAL_SIZE_STRUCT
 _PROPS_LEN = L.RECORD_PROPERTIES_LENGTH_STRUCT
+# PROPERTIESLENGTH fields of the lengths the single put takes (< 16 KiB), each packed on
+# first use: a list index is cheaper than a pack call per put.
+_PROPS_LEN_BYTES: list = [None] * 16384
+_NOT_HOST_BITS = ~(L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6)
+_crc32 = zlib.crc32
 _MAGIC_V1 = L.MAGIC_V1
 _TX_MASK = L.SYSFLAG_TRANSACTION_MASK
 _NAME_VALUE = L.PROPERTY_NAME_VALUE_SEPARATOR.join
@@ -118,22 +123,24 @@ assert L.TRANSACTION_PREPARED == 0x4 and L.TRANSACTION_ROLLBACK == 0xC
 assert L.TRANSACTION_COMMIT & 0x4 == 0 and L.TRANSACTION_NOT_TYPE == 0 and L.SYSFLAG_TRANSACTION_MASK == 0xC
 
 
-class _PutOk(PutResult):
-    """A PUT_OK :class:`PutResult` of the fast single put, made with fewer steps (no
-    keyword arguments, no defaults to resolve); the same object in every other way."""
+_new_object = object.__new__
 
-    __slots__ = ()
 
-    def __init__(self, offset: int, size: int, queue_offset: int, store_timestamp: int,
-                 prefix: str):
-        self.status = _PUT_OK
-        self.offset = offset
-        self.size = size
-        self.queue_offset = queue_offset
-        self.store_timestamp = store_timestamp
-        self._msg_id = None
-        self.reason = ""
-        self._prefix = prefix
+def _put_ok(offset: int, size: int, queue_offset: int, store_timestamp: int,
+            prefix: str) -> PutResult:
+    """The PUT_OK :class:`PutResult` of the fast single put, its slots filled here:
+    calling the class (type call, ``__init__`` run from C, keyword defaults) costs
+    more per put. The same object in every way."""
+    r = _new_object(PutResult)
+    r.status = _PUT_OK
+    r.offset = offset
+    r.size = size
+    r.queue_offset = queue_offset
+    r.store_timestamp = store_timestamp
+    r._msg_id = None
+    r.reason = ""
+    r._prefix = prefix
+    return r
 
 
 class PutResults(_SequenceABC):
@@ -320,6 +327,7 @@ class CommitLogAppender:
         self.last_record_offset = -1  # PHYSICALOFFSET of the last record appended
         self._seg: Segment | None = None
         self._seg_start = 0
+        self._seg_end = 0  # where the current segment ends (0: none yet)
         self._buf = None
         # Fast single-put path (put_message): what prepare() works out per topic and per
         # host width, computed once.
@@ -329,8 +337,9 @@ class CommitLogAppender:
         # A record up to this size passes both size checks of prepare().
         self._max_total = min(config.max_message_size + 65536,
                               self.size - L.END_FILE_MIN_BLANK_LENGTH)
-        self._topics: dict[str, tuple[int, bytes]] = {}
+        self._topics: dict[str, tuple[int, bytes, int]] = {}
         self._msg_id_prefix: dict = {}
+        self._hosts = (None, None)  # see _hosts_entry
         self._fixed = []
         self._batch_dtypes = []
         for k in range(4):
@@ -352,6 +361,7 @@ class CommitLogAppender:
             self.queue.create_segment(start + self.size)
         self._seg = seg
         self._seg_start = seg.start
+        self._seg_end = seg.start + self.size
         self._buf = self._buffer_for(seg)
 
     def _room(self) -> int:
@@ -461,8 +471,9 @@ class CommitLogAppender:
     # --- the fast single put -------------------------------------------------------------
 
     def _topic_entry(self, topic: str):
-        """(magic, topic length field + topic bytes) for a magic-v1 message of ``topic``,
-        or None when prepare() would refuse the topic or pick another magic."""
+        """(magic, topic length field + topic bytes, their length + that of the
+        PROPERTIESLENGTH field) for a message of ``topic`` (magic v1 unless the topic
+        needs v2), or None when prepare() would refuse the topic."""
         topic_b = topic.encode("utf-8", "replace")
         jlen = _java_length(topic)
         if not self._v5:
@@ -472,7 +483,8 @@ class CommitLogAppender:
             return None
         magic = L.MAGIC_V2 if self._v5 and jlen > 127 else L.MAGIC_V1
         tsize = 2 if magic == L.MAGIC_V2 else 1
-        entry = (magic, len(topic_b).to_bytes(tsize, "big") + topic_b)
+        tblock = len(topic_b).to_bytes(tsize, "big") + topic_b
+        entry = (magic, tblock, len(tblock) + _PROPS_LEN.size)
         if len(self._topics) < 65536:
             self._topics[topic] = entry
         return entry
@@ -495,7 +507,7 @@ class CommitLogAppender:
                 return None
         if msg.magic != _MAGIC_V1:
             return None
-        magic, tblock = entry
+        magic, tblock, tlen = entry
         text = msg.properties_text
         if text is None:
             props = msg.properties
@@ -510,7 +522,10 @@ class CommitLogAppender:
                 text = ""
         else:
             props = None
-        props_b = text.encode("utf-8", "replace")
+        try:
+            props_b = text.encode()
+        except UnicodeEncodeError:  # lone surrogates: replaced, as prepare() does
+            props_b = text.encode("utf-8", "replace")
         plen = len(props_b)
         body = msg.body or b""
         blen = len(body)
@@ -518,17 +533,27 @@ class CommitLogAppender:
         if plen > 16383 or blen > self._max_body:
             return None
         born, store = msg.born_host, msg.store_host
-        fixed, st, host_bits = self._fixed[(len(born[0]) == 16) + 2 * (len(store[0]) == 16)]
-        total = fixed + blen + len(tblock) + 2 + plen
+        hosts = self._hosts
+        if born is not hosts[0] or store is not hosts[1]:
+            hosts = self._hosts_entry(born, store)
+        _, _, fixed, st, host_bits, prefix = hosts
+        total = fixed + blen + tlen + plen
         if total > self._max_total:
             return None
-        sys_flag = (msg.sys_flag & ~_HOST_BITS) | host_bits
-        crc = zlib.crc32(body) & 0x7FFFFFFF
-        tail = b"".join((body, tblock, _PROPS_LEN.pack(plen), props_b))
+        sys_flag = (msg.sys_flag & _NOT_HOST_BITS) | host_bits
+        crc = _crc32(body) & 0x7FFFFFFF
+        plen_b = _PROPS_LEN_BYTES[plen]
+        if plen_b is None:
+            plen_b = _PROPS_LEN_BYTES[plen] = _PROPS_LEN.pack(plen)
+        tail = b"".join((body, tblock, plen_b, props_b))
         queue_id = msg.queue_id
-        with self.lock:
+        # acquire/release, not ``with``: the context protocol costs about twice as much
+        # per put as the two calls.
+        lock = self.lock
+        lock.acquire()
+        try:
             end = self.end
-            if self._seg is None or total + 8 > self.size - end % self.size:
+            if end + total + 8 > self._seg_end:  # no room for the record and a BLANK
                 self._write_blank()
                 end = self.end
             if sys_flag & _TX_PREPARED_BIT:
@@ -553,12 +578,22 @@ class CommitLogAppender:
             self.last_record_offset = end
             if record is not None:
                 record(topic, queue_id, qoff, end, total, sys_flag, ts, props, text)
+        finally:
+            lock.release()
+        return _put_ok(end, total, qoff, ts, prefix)
+
+    def _hosts_entry(self, born, store) -> tuple:
+        """(born host, store host, fixed-part size, its struct, host sysFlag bits, msgId
+        prefix) for a host pair, kept as :attr:`_hosts` for the next put: most messages
+        carry the same two Host objects, which put_message then recognises by identity."""
+        fixed, st, host_bits = self._fixed[(len(born[0]) == 16) + 2 * (len(store[0]) == 16)]
         prefix = self._msg_id_prefix.get(store)
         if prefix is None:
             prefix = offset_msg_id(store, 0)[:-16]
             if len(self._msg_id_prefix) < 1024:
                 self._msg_id_prefix[store] = prefix
-        return _PutOk(end, total, qoff, ts, prefix)
+        self._hosts = hosts = (born, store, fixed, st, host_bits, prefix)
+        return hosts
 
     # --- the vectorised batch -------------------------------------------------------------
 

@@ -123,6 +123,7 @@ class Dispatcher:
         self.cq_file_size = config.cq_file_size
         self.delay_millis = config.delay_millis
         self.index = index if config.message_index_enable else None
+        self._index_num = index.geometry.index_num if self.index is not None else 0
         self.on_logics = on_logics or (lambda ts: None)
         self._writers: dict[tuple[str, int], ConsumeQueueWriter] = {}
         self._tags: dict[str, int] = {}
@@ -233,7 +234,8 @@ class Dispatcher:
         # ConsumeQueueWriter.put's usual case (the next unit, in the mapped segment).
         pos = w.write_pos
         end = offset + size
-        if pos is not None and queue_offset * 20 == pos and end > w.max_physic_offset:
+        # (write_pos is None before the queue's first unit: never equal to an int)
+        if queue_offset * 20 == pos and end > w.max_physic_offset:
             rel = pos - w._map_start
             if 0 <= rel < w.file_size and w._map_start == w._starts[-1]:
                 _unit_pack_into(w._map_cur, rel, offset, size, code)
@@ -246,36 +248,56 @@ class Dispatcher:
             self.logics_timestamp = store_timestamp
         index = self.index
         if index is not None:
-            files = self._index_files(index)
+            files = index.files
+            if not files or files[-1].header.index_count >= self._index_num:
+                files = self._index_files(index)
             f = files[-1]
             if offset >= f.header.end_phy_offset:  # the §7.3 endPhyOffset rule
-                uniq = props.get("UNIQ_KEY")
                 k = props.get("KEYS")
-                if uniq is not None or k:
+                if k and " " not in k and "UNIQ_KEY" not in props:
+                    # The usual: one KEYS token. Java hashCode of an ASCII token as two
+                    # base-31 numbers (c = 31*q + r) that int() parses in C; a non-ASCII
+                    # or over-long token raises and takes the general hash.
                     ph = self._key_prefix.get(topic)
                     if ph is None:
                         ph = self._topic_prefix_hash(topic)
-                    if uniq is None and " " not in k:
-                        toks = (k,)  # the usual: one KEYS token
+                    try:
+                        b = k.encode("ascii")
+                        h = (ph * _POW_N[len(b)] + 31 * int(b.translate(_Q31), 31)
+                             + int(b.translate(_R31), 31)) & 0xFFFFFFFF
+                    except (UnicodeEncodeError, IndexError):
+                        h = _index_hash_from(ph, topic, k)
                     else:
-                        toks = [uniq] if uniq is not None else []
-                        if k:
-                            toks += [t for t in k.split(" ") if t]
-                    for t in toks:
-                        n = len(t)
-                        if 0 < n <= _FAST_KEY_MAX and t.isascii():
-                            # Java hashCode of the ASCII token as two base-31 numbers
-                            # (c = 31*q + r): int() parses them in C.
-                            b = t.encode("ascii")
-                            h = (ph * _POW_N[n] + 31 * int(b.translate(_Q31), 31)
-                                 + int(b.translate(_R31), 31)) & 0xFFFFFFFF
-                            if h & 0x80000000:  # Math.abs of the int32; MIN_VALUE -> 0
-                                h = 0 if h == 0x80000000 else 0x100000000 - h
-                        else:
-                            h = _index_hash_from(ph, topic, t)
-                        if not files[-1].put(h, offset, store_timestamp):
-                            index.put_hash(h, offset, store_timestamp)  # full: next file
+                        if h & 0x80000000:  # Math.abs of the int32; MIN_VALUE -> 0
+                            h = 0 if h == 0x80000000 else 0x100000000 - h
+                    if not f.put(h, offset, store_timestamp):
+                        index.put_hash(h, offset, store_timestamp)  # full: next file
+                elif k or props.get("UNIQ_KEY") is not None:
+                    self._put_keys(files, topic, props.get("UNIQ_KEY"), k, offset, store_timestamp)
         self.dispatched += 1
+
+    def _put_keys(self, files, topic: str, uniq: str | None, keys: str | None, offset: int,
+                  store_timestamp: int) -> None:
+        """Index entries of ``topic#UNIQ_KEY`` and ``topic#token`` per KEYS token, in that
+        order, into the last of ``files`` (the index's list, which a full file extends)."""
+        ph = self._key_prefix.get(topic)
+        if ph is None:
+            ph = self._topic_prefix_hash(topic)
+        toks = [uniq] if uniq is not None else []
+        if keys:
+            toks += [t for t in keys.split(" ") if t]
+        for t in toks:
+            n = len(t)
+            if 0 < n <= _FAST_KEY_MAX and t.isascii():
+                b = t.encode("ascii")
+                h = (ph * _POW_N[n] + 31 * int(b.translate(_Q31), 31)
+                     + int(b.translate(_R31), 31)) & 0xFFFFFFFF
+                if h & 0x80000000:
+                    h = 0 if h == 0x80000000 else 0x100000000 - h
+            else:
+                h = _index_hash_from(ph, topic, t)
+            if not files[-1].put(h, offset, store_timestamp):
+                self.index.put_hash(h, offset, store_timestamp)  # full: next file
 
     @staticmethod
     def _index_files(index):

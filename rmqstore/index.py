@@ -221,18 +221,20 @@ class IndexFile:
             td = 0
         else:
             td = (store_timestamp - begin) // 1000  # seconds, clamped (spec §7.1)
-            td = 0 if td < 0 else (td if td < _INT32_MAX else _INT32_MAX)
+            if not 0 <= td <= _INT32_MAX:
+                td = 0 if td < 0 else _INT32_MAX
         _entry_pack_into(mm, g._entries_start + count * _ENTRY_SIZE,
                          key_hash, phy_offset, td, head)
         _slot_pack_into(mm, sp, count)
         if count <= 1:
             h.begin_phy_offset = phy_offset
             h.begin_timestamp = begin = store_timestamp
-        h.index_count = count + 1
+        count += 1
+        h.index_count = count
         h.end_phy_offset = phy_offset
         h.end_timestamp = store_timestamp
         _header_pack_into(mm, 0, begin, store_timestamp, h.begin_phy_offset,
-                          phy_offset, h.hash_slot_count, count + 1)
+                          phy_offset, h.hash_slot_count, count)
         return True
 
     def put_many(self, key_hashes: np.ndarray, phy_offsets: np.ndarray,

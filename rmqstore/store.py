@@ -160,6 +160,7 @@ class MessageStore:
         else:
             self._columns_record = None
         self._sync_flush = self.flusher.sync
+        self._put_message = self.appender.put_message  # the single put's fast path
 
     def _find_end(self, queue: SegmentQueue) -> int:
         """End of valid data (spec §10.1): from the third-to-last segment after a clean
@@ -193,7 +194,7 @@ class MessageStore:
         message: the status says why (spec §3.6)."""
         if self._closed:
             self._check_open()
-        result = self.appender.put_message(msg, stamp, self._record)
+        result = self._put_message(msg, stamp, self._record)
         if result is None:
             # Refused, or unusual (magic v2, long properties): the general path.
             p = prepare(msg, self.config)
