@@ -436,6 +436,22 @@ class ConsumeQueueWriter:
                 window = 4096
         return written
 
+    def put_run(self, first_queue_offset: int, commit_log_offsets, sizes, tags_codes) -> int:
+        """:meth:`put_many` for units whose queue offsets count up by one from
+        ``first_queue_offset``; when they continue the queue exactly and point ever
+        further into the CommitLog (a rebuild's usual run), they are written without the
+        per-unit rule checks."""
+        phy = np.asarray(commit_log_offsets, dtype=np.int64)
+        size = np.asarray(sizes, dtype=np.int64)
+        n = len(phy)
+        if n and self.write_pos is not None and first_queue_offset * UNIT == self.write_pos:
+            ends = phy + size
+            if int(ends[0]) > self.max_physic_offset and bool((ends[1:] > ends[:-1]).all()):
+                self._write_dense(phy, size, tags_codes)
+                return n
+        q = np.arange(first_queue_offset, first_queue_offset + n, dtype=np.int64)
+        return self.put_many(q, phy, size, tags_codes)
+
     def _accepted_prefix(self, q: np.ndarray, ends: np.ndarray) -> int:
         """How many leading units neither write rule skips (each then lands at its slot)."""
         prev = np.maximum.accumulate(np.concatenate(([self.max_physic_offset], ends[:-1])))

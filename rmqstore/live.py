@@ -83,8 +83,10 @@ class Live:
             if w is None:
                 w = self.writers[topic, qid] = ConsumeQueueWriter(
                     self.cq_dir / topic / str(qid), self.file_size)
-            q = np.arange(qo[g], qo[g] + b - a, dtype=np.int64) if dense else qo[a:b]
-            self.written += w.put_many(q, *units(part, a, b))
+            if dense:
+                self.written += w.put_run(int(qo[g]), *units(part, a, b))
+            else:
+                self.written += w.put_many(qo[a:b], *units(part, a, b))
             self.units += b - a
 
     def _drop_queues(self) -> None:

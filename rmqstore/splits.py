@@ -180,6 +180,22 @@ class _NeedMore(Exception):
         self.upto = upto
 
 
+_POPULATE_PAST = 1 << 20  # how far past its range a split's records are mapped in advance
+_MADV_POPULATE_READ = 22  # Linux 5.14+: fault a range in at once (Python 3.11 lacks the name)
+
+
+def _populate(mm: mmap.mmap, lo: int, hi: int) -> None:
+    """Map a range's pages in one call instead of one page fault per 4 KiB (a few percent
+    of a scan); a kernel without MADV_POPULATE_READ simply faults them in as read."""
+    lo -= lo % mmap.PAGESIZE
+    if hi <= lo:
+        return
+    try:
+        mm.madvise(_MADV_POPULATE_READ, lo, hi - lo)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 class Window:
     """Bytes ``[lo, hi)`` of a segment file as a buffer; positions given to the methods
     are file positions. Local files are mapped whole (read-only, zero copy)."""
@@ -203,6 +219,7 @@ class Window:
             if len(self._map) < self.size:
                 self.size = self.hi = len(self._map)
             self.buf = self._map
+            _populate(self._map, split.begin, min(split.end + _POPULATE_PAST, self.size))
         else:
             from pyarrow import fs as pafs
 
