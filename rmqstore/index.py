@@ -248,6 +248,14 @@ class IndexFile:
             raise ValueError("entries do not fit in this IndexFile")
         slot = np.asarray(key_hashes, dtype=np.int64) % g.hash_slot_num
         slots = self.slots
+        if m < 2 or (m <= _DISTINCT_CHECK_MAX and (np.diff(np.sort(slot)) != 0).all()):
+            # A small batch usually has no two keys in one slot: each entry's predecessor
+            # is then its slot's current head (when that is a valid entry number).
+            ns = np.arange(c0, c0 + m, dtype=np.int64)
+            head = slots[slot].astype(np.int64)
+            head[(head <= 0) | (head > ns)] = 0
+            self._put_block(key_hashes, phy_offsets, timestamps, head, slot, ns, head)
+            return
         # Sorted by (slot, position), each entry sits right after its predecessor in its
         # slot's chain; packing both into one int64 makes that one plain sort.
         if m < 1 << 31 and g.hash_slot_num < 1 << 31:
@@ -273,7 +281,13 @@ class IndexFile:
         prev_sorted[first] = head
         prev = np.empty(m, dtype=np.int64)
         prev[order] = prev_sorted
-        set_at, set_to = ss[last], ns[last]
+        self._put_block(key_hashes, phy_offsets, timestamps, prev, ss[last], ns[last], head)
+
+    def _put_block(self, key_hashes, phy_offsets, timestamps, prev, set_at, set_to,
+                   head) -> None:
+        """Write ``put_many``'s entries (predecessors known), slots and header."""
+        h, g = self.header, self.geometry
+        m, c0 = len(key_hashes), h.index_count
         # timeDiff against the file's beginTimestamp, which the first put sets
         begin = h.begin_timestamp if c0 > 1 else int(timestamps[0])
         td = _time_diff(np.asarray(timestamps, dtype=np.int64) - begin) if begin > 0 \
@@ -285,7 +299,7 @@ class IndexFile:
         block = self.entries[c0:c0 + m]
         block["key_hash"], block["phy_offset"] = key_hashes, phy_offsets
         block["time_diff"], block["prev_index"] = td, prev
-        slots[set_at] = set_to
+        self.slots[set_at] = set_to
         if c0 <= 1:
             h.begin_phy_offset, h.begin_timestamp = int(phy_offsets[0]), int(timestamps[0])
         h.hash_slot_count += int(np.count_nonzero(head == 0))
@@ -303,6 +317,9 @@ class IndexFile:
         except BufferError:
             pass  # a caller still holds a view; the map closes when it is dropped
         self._file.close()
+
+
+_DISTINCT_CHECK_MAX = 1 << 16  # batches up to this size first try the no-collision path
 
 
 def _time_diff(delta):

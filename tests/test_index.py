@@ -316,3 +316,29 @@ def test_bulk_skip_stale_equals_dispatch_rule(tmp_path_factory, puts, end0):
     with IndexService(b, g, clock=_clock(), flush_full_files=False) as svc:
         svc.put_hashes(hashes, phys, ts, skip_stale=True)
     assert tree_hashes(a) == tree_hashes(b)
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.sampled_from([IndexGeometry(4, 9), IndexGeometry(64, 40), IndexGeometry(5000, 300)]),
+       st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=250),
+       st.lists(st.integers(1, 6) | st.integers(1, 80), min_size=1, max_size=12), st.data())
+def test_put_hashes_in_any_chunks_equals_one_by_one(tmp_path_factory, geometry, hashes, cuts,
+                                                    data):
+    """Vectorised puts (the no-collision path of small batches, the sorted path, calls
+    that fill a file and spill into the next) write the bytes put_hash writes one by one."""
+    n = len(hashes)
+    phy = np.cumsum(data.draw(st.lists(st.integers(1, 500), min_size=n, max_size=n)))
+    ts = 1_700_000_000_000 + np.cumsum(
+        data.draw(st.lists(st.integers(0, 90_000), min_size=n, max_size=n)))
+    base = tmp_path_factory.mktemp("ix")
+    with IndexService(base / "one", geometry, clock=lambda: 1_700_000_000_000) as svc:
+        for h, p, t in zip(hashes, phy.tolist(), ts.tolist()):
+            svc.put_hash(h, p, t)
+    with IndexService(base / "bulk", geometry, clock=lambda: 1_700_000_000_000) as svc:
+        i = 0
+        for c in itertools.cycle(cuts):
+            if i >= n:
+                break
+            svc.put_hashes(np.array(hashes[i:i + c]), phy[i:i + c], ts[i:i + c])
+            i += c
+    assert tree_hashes(base / "one") == tree_hashes(base / "bulk")
