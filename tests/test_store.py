@@ -259,3 +259,21 @@ def test_cli_as_broker_delay_rewrite(tmp_path):
     with open_consume_queue(root, "SCHEDULE_TOPIC_XXXX", 17, 1280) as cq:
         unit = next(iter(cq))
     assert unit.tags_code == m.store_timestamp + 2 * 3600 * 1000  # level 18 = 2h (§6.1)
+
+
+def test_put_after_close_raises_even_through_a_saved_reference(tmp_path):
+    """The one-at-a-time put installed at open (a closure) still refuses a closed store,
+    also when a caller kept ``put = st.put`` from before the close."""
+    from rmqstore.codec import Message
+    from rmqstore.config import StoreConfig
+    from rmqstore.errors import RecordError
+    from rmqstore.store import MessageStore
+
+    st = MessageStore.open(tmp_path / "s", StoreConfig(mapped_file_size_commit_log=65536),
+                           create=True)
+    put = st.put
+    assert put(Message(topic="T", body=b"x")).status.name == "PUT_OK"
+    st.close()
+    for p in (put, st.put):
+        with pytest.raises(RecordError, match="closed"):
+            p(Message(topic="T", body=b"y"))
