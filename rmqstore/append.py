@@ -29,7 +29,9 @@ import numpy as np
 from . import layout as L
 from .codec import Message, body_crc, offset_msg_id
 from .config import StoreConfig
-from .segments import Segment, SegmentQueue
+from .segments import Segment, SegmentQueue, segment_pwrite
+
+_PWRITE_MIN = 64 * 1024  # bytes from which _place writes with pwrite, not the mapping
 
 _BLANK = L.BLANK_STRUCT
 _HOST_BITS = L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6
@@ -322,6 +324,7 @@ class CommitLogAppender:
         self.lock = threading.RLock()
         self.preallocate = preallocate
         self._buffer_for = buffer_for or (lambda seg: seg.buffer())
+        self._direct = buffer_for is None  # writes land in the segment's own mapping
         self.end = end  # absolute offset of the next record
         self.last_store_timestamp = 0
         self.last_record_offset = -1  # PHYSICALOFFSET of the last record appended
@@ -400,7 +403,14 @@ class CommitLogAppender:
         """Write ``n`` bytes at ``end``, TOTALSIZE of the first record last."""
         pos = self.end - self._seg.start
         buf = self._buf
-        buf[pos + 4:pos + n] = memoryview(data)[4:n]
+        if n >= _PWRITE_MIN and self._direct:
+            # Many records (a batch): one write() into the file costs ~1.2 µs a fresh 4 KiB
+            # page, a store through the mapping page-faults it in for 1.3-8 µs (more while
+            # the kernel writes back dirty pages). Same page cache, so mapped readers see
+            # it; TOTALSIZE still goes last.
+            segment_pwrite(self._seg, memoryview(data)[4:n], pos + 4)
+        else:
+            buf[pos + 4:pos + n] = memoryview(data)[4:n]
         buf[pos:pos + 4] = data[:4]
         self.end += n
         return pos

@@ -111,3 +111,41 @@ def test_prefix_index_hash_equals_java():
         token = "".join(rnd.choice(alphabet[:-2]) for _ in range(rnd.randrange(0, 300)))
         ph = java_hash(topic + "#") & 0xFFFFFFFF
         assert _index_hash_from(ph, topic, token) == index_hash(f"{topic}#{token}")
+
+
+@pytest.mark.parametrize("columns", [False, True])
+def test_big_batches_written_with_pwrite_equal_single_puts(tmp_path, columns):
+    """A batch bigger than 64 KiB is written into the segment file with pwrite (not
+    through the mapping); its bytes equal the same messages put one at a time."""
+    import numpy as np
+
+    from rmqstore import append as A
+
+    cfg = StoreConfig(mapped_file_size_commit_log=1 << 20)
+    topic = "BigBatch"
+    msgs = [Message(topic=topic, body=(b"body-%06d" % i) * 30, queue_id=i % 3,
+                    properties={"TAGS": f"t{i % 4}", "KEYS": f"k{i}"},
+                    born_timestamp=1_700_000_000_000 + i, store_timestamp=1_700_000_000_000 + i)
+            for i in range(700)]
+    assert sum(len(m.body) for m in msgs) > 3 * A._PWRITE_MIN
+    roots = []
+    for mode in ("single", "batch"):
+        root = tmp_path / mode
+        with MessageStore.open(root, cfg, create=True, clock=lambda: 1_700_000_000_000) as st:
+            if mode == "single":
+                for m in msgs:
+                    st.put(m)
+            elif columns:
+                st.put_columns(topic=topic, bodies=[m.body for m in msgs],
+                               queue_ids=np.array([m.queue_id for m in msgs]),
+                               properties={"TAGS": [m.properties["TAGS"] for m in msgs],
+                                           "KEYS": [m.properties["KEYS"] for m in msgs]},
+                               born_timestamp=np.array([m.born_timestamp for m in msgs]),
+                               store_timestamp=np.array([m.store_timestamp for m in msgs]))
+            else:
+                st.put_batch(msgs)
+        roots.append(root)
+    for sub in ("commitlog", "consumequeue"):
+        a = {p.relative_to(roots[0]): p.read_bytes() for p in (roots[0] / sub).rglob("*") if p.is_file()}
+        b = {p.relative_to(roots[1]): p.read_bytes() for p in (roots[1] / sub).rglob("*") if p.is_file()}
+        assert a == b, sub
