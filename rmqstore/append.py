@@ -255,7 +255,7 @@ def prepare(msg: Message, config: StoreConfig) -> Prepared | PutResult:
     if not v5:
         # 4.9's DefaultMessageStore checks Java lengths first, both as MESSAGE_ILLEGAL.
         if _java_length(topic) > 127:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"topic is longer than 127 characters")
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="topic is longer than 127 characters")
         if msg.magic == L.MAGIC_V2:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="magic v2 is unknown to a 4.9 store")
     else:

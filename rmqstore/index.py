@@ -286,7 +286,7 @@ class IndexFile:
     def _put_block(self, key_hashes, phy_offsets, timestamps, prev, set_at, set_to,
                    head) -> None:
         """Write ``put_many``'s entries (predecessors known), slots and header."""
-        h, g = self.header, self.geometry
+        h = self.header
         m, c0 = len(key_hashes), h.index_count
         # timeDiff against the file's beginTimestamp, which the first put sets
         begin = h.begin_timestamp if c0 > 1 else int(timestamps[0])

@@ -18,8 +18,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import numpy as np
-
 from .config import StoreConfig
 from .consumequeue import ConsumeQueueWriter
 from .grouped import keys, units

@@ -15,7 +15,7 @@ import numpy as np
 from . import layout as L
 from .consumequeue import UNIT, ConsumeQueue, list_queues
 from .errors import RmqStoreError
-from .redispatch import sorted_isin
+from .spans import sorted_isin
 
 _EMPTY = np.zeros(0, np.int64)
 

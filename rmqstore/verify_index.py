@@ -18,7 +18,7 @@ import numpy as np
 from . import layout as L
 from .errors import RmqStoreError
 from .index import IndexFile, IndexGeometry
-from .redispatch import sorted_isin
+from .spans import sorted_isin
 
 
 def _files(c, index_dir: Path, geometry: IndexGeometry) -> list[IndexFile]:

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rmqstore import redispatch as R
+from rmqstore import spans as R
 from rmqstore.codec import parse_properties
 
 NAMES = ["TAGS", "KEYS", "UNIQ_KEY", "DELAY", "K", "TA", "TAGSX", "AGS"]
