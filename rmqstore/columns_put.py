@@ -607,6 +607,7 @@ class _Dispatched:
 def dispatch_columns(dispatcher, c: _Dispatched) -> None:
     """Dispatch a columnar batch (sync mode): the bytes of ``Dispatcher.dispatch_columns``
     for the equivalent messages."""
+    dispatcher.settle_index()
     n = len(c)
     if c.texts is not None or n < 16:
         # Stored texts: parse them, as put_batch's dispatch does.

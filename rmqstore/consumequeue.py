@@ -248,6 +248,20 @@ class ConsumeQueue:
                            else np.zeros(0, dtype=L.CQ_UNIT_DTYPE))
         return self._units
 
+    def first_physic_offset_from(self, low: int) -> int | None:
+        """The smallest CommitLog offset at or after ``low`` that a unit points at (units
+        point ever further, so only the last segments are read), or None."""
+        best = None
+        for (_, units), n in zip(reversed(self.segments), reversed(self._used)):
+            phy = units[:n]["commit_log_offset"]
+            if n == 0 or int(phy[-1]) < low:
+                break
+            i = int(np.searchsorted(phy, low, side="left"))
+            best = int(phy[i])
+            if i > 0:
+                break
+        return best
+
     def placeholder_mask(self) -> np.ndarray:
         u = self.units
         return (u["size"] == L.CQ_PLACEHOLDER_SIZE) & (u["commit_log_offset"] == 0)

@@ -29,7 +29,7 @@ import numpy as np
 from . import layout as L
 from .append import Appended
 from .codec import SCHEDULE_TOPIC, index_hash, java_hash, parse_properties
-from .consumequeue import ConsumeQueue, ConsumeQueueWriter, list_queues
+from .consumequeue import ConsumeQueueWriter
 
 _CQ_TYPES = (L.TRANSACTION_NOT_TYPE, L.TRANSACTION_COMMIT)
 _TAGS_CACHE_MAX = 1 << 16
@@ -48,6 +48,11 @@ _POW = _pow31(256)
 # h(a + b) = h(a) * 31**len(b) + h(b) (mod 2**32). For ASCII tokens h(b) is one C-level
 # sum of products, instead of a Python loop over the characters.
 _FAST_KEY_MAX = 256
+# dispatch_record's write-behind of index keys: at most this many keys wait, all from records
+# starting at most DEFER_BYTES before the end of the last record dispatched (the bound a
+# reopen after a crash relies on: MessageStore re-indexes that much).
+DEFER_MAX = 1024
+DEFER_BYTES = 1 << 20
 _POW_N = [pow(31, n, 1 << 32) for n in range(_FAST_KEY_MAX + 1)]
 _POW_ROWS = [tuple(pow(31, n - 1 - i, 1 << 32) for i in range(n)) for n in range(_FAST_KEY_MAX + 1)]
 _mul = operator.mul
@@ -102,18 +107,6 @@ def index_hashes(keys: Sequence[str]) -> np.ndarray:
     return out
 
 
-def queue_state(root: Path, cq_file_size: int) -> tuple[dict[tuple[str, int], int], int]:
-    """(next queue offset per (topic, queueId), max physical end over all queues) as the
-    broker rebuilds them after recovery (spec §9, §10.6); -1 when there are no units."""
-    offsets: dict[tuple[str, int], int] = {}
-    max_phy = -1
-    for ref in list_queues(root).queues:
-        with ConsumeQueue(ref.path, cq_file_size) as cq:
-            offsets[(ref.topic, ref.queue_id)] = cq.max_offset
-            max_phy = max(max_phy, cq.max_physic_offset)
-    return offsets, max_phy
-
-
 class Dispatcher:
     """Writes CQ units and index keys for appended records (the caller serialises calls)."""
 
@@ -129,6 +122,9 @@ class Dispatcher:
         self._tags: dict[str, int] = {}
         self._key_prefix: dict[str, int] = {}  # topic -> java_hash(topic + "#"), unsigned
         self.dispatched = 0  # records handled
+        self._pending: list[tuple[str, str, int, int]] = []  # index keys not yet put
+        self._room = 0  # keys that may still wait: room left in the last index file
+        self._lag_end = 0  # records ending past this put their keys at once
         self.logics_timestamp = 0
 
     def _writer(self, topic: str, queue_id: int) -> ConsumeQueueWriter:
@@ -190,6 +186,7 @@ class Dispatcher:
 
     def dispatch(self, a: Appended) -> None:
         """Both dispatchers for one record, in the broker's order (spec §9 step 2)."""
+        self.settle_index()
         tx = a.sys_flag & L.SYSFLAG_TRANSACTION_MASK
         props = a.properties
         if tx in _CQ_TYPES:
@@ -248,33 +245,62 @@ class Dispatcher:
             self.logics_timestamp = store_timestamp
         index = self.index
         if index is not None:
-            files = index.files
-            if not files or files[-1].header.index_count >= self._index_num:
-                files = self._index_files(index)
-            f = files[-1]
-            if offset >= f.header.end_phy_offset:  # the §7.3 endPhyOffset rule
-                k = props.get("KEYS")
-                if k and " " not in k and "UNIQ_KEY" not in props:
-                    # The usual: one KEYS token. Java hashCode of an ASCII token as two
-                    # base-31 numbers (c = 31*q + r) that int() parses in C; a non-ASCII
-                    # or over-long token raises and takes the general hash.
-                    ph = self._key_prefix.get(topic)
-                    if ph is None:
-                        ph = self._topic_prefix_hash(topic)
-                    try:
-                        b = k.encode("ascii")
-                        h = (ph * _POW_N[len(b)] + 31 * int(b.translate(_Q31), 31)
-                             + int(b.translate(_R31), 31)) & 0xFFFFFFFF
-                    except (UnicodeEncodeError, IndexError):
-                        h = _index_hash_from(ph, topic, k)
-                    else:
-                        if h & 0x80000000:  # Math.abs of the int32; MIN_VALUE -> 0
-                            h = 0 if h == 0x80000000 else 0x100000000 - h
-                    if not f.put(h, offset, store_timestamp):
-                        index.put_hash(h, offset, store_timestamp)  # full: next file
-                elif k or props.get("UNIQ_KEY") is not None:
-                    self._put_keys(files, topic, props.get("UNIQ_KEY"), k, offset, store_timestamp)
+            k = props.get("KEYS")
+            if self._room > 0 and end <= self._lag_end and "UNIQ_KEY" not in props \
+                    and (not k or " " not in k):
+                # The usual record, one KEYS token or none: its key waits in the write-behind
+                # list and is hashed and put with the others (same bytes, a fraction of the
+                # calls). Waiting keys are never more than DEFER_MAX, never from a record
+                # starting over DEFER_BYTES before the last dispatched record's end, and
+                # always fit in the current index file.
+                if k:
+                    pend = self._pending
+                    pend.append((topic, k, offset, store_timestamp))
+                    self._room -= 1
+                    if len(pend) >= DEFER_MAX:
+                        self._drain()
+                        self._lag_end = end + DEFER_BYTES
+            else:
+                self._index_record(topic, props, k, offset, end, store_timestamp)
         self.dispatched += 1
+
+    def _index_record(self, topic: str, props: dict, k: str | None, offset: int, end: int,
+                      store_timestamp: int) -> None:
+        """The index part of :meth:`dispatch_record`, written at once after the waiting
+        keys; it also opens the next window of write-behind."""
+        index = self.index
+        self._drain()
+        files = index.files
+        if not files or files[-1].header.index_count >= self._index_num:
+            files = self._index_files(index)
+        f = files[-1]
+        if offset >= f.header.end_phy_offset:  # the §7.3 endPhyOffset rule
+            uniq = props.get("UNIQ_KEY")
+            if k or uniq is not None:
+                self._put_keys(files, topic, uniq, k, offset, store_timestamp)
+        self._room = self._index_num - files[-1].header.index_count
+        self._lag_end = end + DEFER_BYTES
+
+    def _drain(self) -> None:
+        """Put the keys waiting in the write-behind list (see :meth:`settle_index`)."""
+        pend = self._pending
+        if not pend:
+            return
+        self._pending = []
+        topics, keys, phys, stamps = zip(*pend)
+        h = None
+        if topics.count(topics[0]) == len(topics):
+            h = self._index_hashes_of(topics[0], keys)
+        if h is None:
+            h = index_hashes([f"{t}#{k}" for t, k in zip(topics, keys)])
+        self.index.put_hashes(h, phys, stamps, skip_stale=True)
+
+    def settle_index(self) -> None:
+        """Write every index key still waiting: the index files then hold exactly what
+        one-at-a-time puts would have written. Called before any other index write or
+        read, on flush and on close."""
+        self._drain()
+        self._room = 0
 
     def _put_keys(self, files, topic: str, uniq: str | None, keys: str | None, offset: int,
                   store_timestamp: int) -> None:
@@ -313,6 +339,7 @@ class Dispatcher:
                          size: int, sys_flag: int, store_timestamp: int, props: dict | None,
                          text: str = "") -> None:
         """:meth:`dispatch_record` for any record (the general rules)."""
+        self.settle_index()
         if props is None:
             props = parse_properties(text)
         tx = sys_flag & L.SYSFLAG_TRANSACTION_MASK
@@ -359,6 +386,7 @@ class Dispatcher:
                          sys_flags, store_timestamps, props, texts) -> None:
         """:meth:`dispatch` for a batch the appender encoded, as columns (numpy arrays for
         the numbers; ``props`` None means parse ``texts``). Same bytes as one by one."""
+        self.settle_index()
         n = len(topics)
         if n < 16:
             for i in range(n):
@@ -468,6 +496,7 @@ class Dispatcher:
     def dispatch_many(self, records: Sequence[Appended]) -> None:
         """:meth:`dispatch` for records in CommitLog order, vectorised: CQ units go to
         each queue with one bulk write, index keys are hashed together (same bytes)."""
+        self.settle_index()
         if len(records) < 32:
             for a in records:
                 self.dispatch(a)
@@ -541,12 +570,14 @@ class Dispatcher:
         return reached
 
     def flush(self) -> None:
+        self.settle_index()
         for w in self._writers.values():
             w.flush()
         if self.index is not None and hasattr(self.index, "flush"):
             self.index.flush()
 
     def close(self) -> None:
+        self.settle_index()
         for w in self._writers.values():
             w.close()
         self._writers = {}

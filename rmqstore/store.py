@@ -24,12 +24,13 @@ from . import checkpoint as ckpt
 from . import layout as L
 from .append import Appended, CommitLogAppender, PutResult, PutStatus, prepare
 from .codec import Message, parse_properties
-from .commitlog import CommitLog
+from .commitlog import Check, CommitLog
 from .config import StoreConfig, load_config
-from .dispatch import BackgroundDispatcher, Dispatcher, queue_state
+from .dispatch import DEFER_BYTES, BackgroundDispatcher, Dispatcher
 from .errors import NotAStoreError, RecordError
 from .flush import FlushService, TransientPool
 from .index import IndexGeometry, IndexService
+from .reput import keys_behind, queue_state
 from .segments import SegmentQueue
 
 DISPATCH_MODES = ("sync", "background", "off")
@@ -108,9 +109,20 @@ class MessageStore:
             raise RecordError("ConsumeQueue units point past the CommitLog's end "
                               f"({max_phy} > {end}); repair the store first", self.root, end)
         reput_from = max(queue.min_offset, max_phy)
-        if queue.segments and reput_from < end:
+        if queue.segments and (reput_from < end or not self.was_clean):
             with CommitLog(cfg, queue=queue) as log_view:
-                self.dispatcher.dispatch_log(log_view, reput_from, end)
+                if index is not None and not self.was_clean and max_phy > 0:
+                    # Index keys that were waiting when the writer died (dispatch.DEFER_BYTES).
+                    def size_at(offset: int) -> int | None:
+                        c = log_view.check_at(offset, check_crc=False)
+                        return c.size if c.status is Check.OK else None
+
+                    behind = keys_behind(self.root, cfg.cq_file_size, index, max_phy, size_at,
+                                         DEFER_BYTES)
+                    if behind is not None:
+                        reput_from = max(queue.min_offset, min(reput_from, behind))
+                if reput_from < end:
+                    self.dispatcher.dispatch_log(log_view, reput_from, end)
             offsets, _ = queue_state(self.root, cfg.cq_file_size)
 
         self.pool = TransientPool(size, cfg.transient_store_pool_size) \
@@ -293,8 +305,14 @@ class MessageStore:
             return dict(self.appender.queue_offsets)
 
     def wait_dispatched(self) -> None:
+        """Return once every record appended so far is in its ConsumeQueue and the index
+        files (sync dispatch lets the index keys of the last few records wait to be put
+        together; this writes them)."""
         if self.background is not None:
             self.background.wait_idle()
+        elif self.dispatch_mode == "sync" and not self._closed:
+            with self.appender.lock:
+                self.dispatcher.settle_index()
 
     def _check_open(self) -> None:
         if self._closed:
