@@ -52,6 +52,7 @@ _FAST_KEY_MAX = 256
 # starting at most DEFER_BYTES before the end of the last record dispatched (the bound a
 # reopen after a crash relies on: MessageStore re-indexes that much).
 DEFER_MAX = 1024
+_PENDING_MAX = 4 * DEFER_MAX  # the flat list's length when it holds DEFER_MAX keys
 DEFER_BYTES = 1 << 20
 _POW_N = [pow(31, n, 1 << 32) for n in range(_FAST_KEY_MAX + 1)]
 _POW_ROWS = [tuple(pow(31, n - 1 - i, 1 << 32) for i in range(n)) for n in range(_FAST_KEY_MAX + 1)]
@@ -122,7 +123,7 @@ class Dispatcher:
         self._tags: dict[str, int] = {}
         self._key_prefix: dict[str, int] = {}  # topic -> java_hash(topic + "#"), unsigned
         self.dispatched = 0  # records handled
-        self._pending: list[tuple[str, str, int, int]] = []  # index keys not yet put
+        self._pending: list = []  # index keys not yet put: topic, key, offset, timestamp, ...
         self._room = 0  # keys that may still wait: room left in the last index file
         self._lag_end = 0  # records ending past this put their keys at once
         self.logics_timestamp = 0
@@ -254,10 +255,12 @@ class Dispatcher:
                 # starting over DEFER_BYTES before the last dispatched record's end, and
                 # always fit in the current index file.
                 if k:
+                    # Flat (topic, key, offset, timestamp) runs: a tuple kept per record
+                    # would wake the cycle collector every 700 puts.
                     pend = self._pending
-                    pend.append((topic, k, offset, store_timestamp))
+                    pend += (topic, k, offset, store_timestamp)
                     self._room -= 1
-                    if len(pend) >= DEFER_MAX:
+                    if len(pend) >= _PENDING_MAX:
                         self._drain()
                         self._lag_end = end + DEFER_BYTES
             else:
@@ -287,7 +290,7 @@ class Dispatcher:
         if not pend:
             return
         self._pending = []
-        topics, keys, phys, stamps = zip(*pend)
+        topics, keys, phys, stamps = pend[0::4], pend[1::4], pend[2::4], pend[3::4]
         h = None
         if topics.count(topics[0]) == len(topics):
             h = self._index_hashes_of(topics[0], keys)
