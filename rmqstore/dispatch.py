@@ -298,6 +298,11 @@ class Dispatcher:
             h = index_hashes([f"{t}#{k}" for t, k in zip(topics, keys)])
         self.index.put_hashes(h, phys, stamps, skip_stale=True)
 
+    @property
+    def keys_waiting(self) -> int:
+        """Index keys in the write-behind list."""
+        return len(self._pending) // 4
+
     def settle_index(self) -> None:
         """Write every index key still waiting: the index files then hold exactly what
         one-at-a-time puts would have written. Called before any other index write or

@@ -60,8 +60,12 @@ class FlushService:
     """The flush thread of one CommitLog (and its commit step with a transient pool)."""
 
     def __init__(self, appender, config, *, pool: TransientPool | None = None,
-                 on_flushed: Callable[[int], None] | None = None):
+                 on_flushed: Callable[[int], None] | None = None,
+                 on_tick: Callable[[], None] | None = None):
+        """``on_tick`` is called from the thread about every ``flushIntervalCommitLog``
+        ms (the store writes index keys still waiting then)."""
         self.appender = appender
+        self.on_tick = on_tick
         self.config = config
         self.pool = pool
         self.sync = config.flush_disk_type == "SYNC_FLUSH"
@@ -142,7 +146,7 @@ class FlushService:
     def _run(self) -> None:
         cfg = self.config
         now = time.monotonic
-        last_thorough_flush = last_thorough_commit = last_commit = now()
+        last_thorough_flush = last_thorough_commit = last_commit = last_tick = now()
         while True:
             with self._cond:
                 if self.sync:
@@ -159,10 +163,13 @@ class FlushService:
             if stopping:
                 break
             try:
+                t = now()
+                if self.on_tick is not None and t - last_tick >= cfg.flush_interval_commit_log / 1000:
+                    self.on_tick()
+                    last_tick = t
                 if self.sync:
                     self.flush(0)
                     continue
-                t = now()
                 if self.pool is not None and t - last_commit >= cfg.commit_interval_commit_log / 1000:
                     least = cfg.commit_commit_log_least_pages
                     if t - last_thorough_commit >= cfg.commit_commit_log_thorough_interval / 1000:

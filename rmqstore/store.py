@@ -135,7 +135,8 @@ class MessageStore:
         def flushed(ts: int) -> None:
             self.physic_timestamp = ts
 
-        self.flusher = FlushService(self.appender, cfg, pool=self.pool, on_flushed=flushed)
+        self.flusher = FlushService(self.appender, cfg, pool=self.pool, on_flushed=flushed,
+                                    on_tick=self._settle_index if dispatch == "sync" else None)
         self.flusher.start()
         self.dispatch_mode = dispatch
         self.background = BackgroundDispatcher(self.dispatcher) if dispatch == "background" else None
@@ -303,6 +304,13 @@ class MessageStore:
     def queue_offsets(self) -> dict[tuple[str, int], int]:
         with self.appender.lock:
             return dict(self.appender.queue_offsets)
+
+    def _settle_index(self) -> None:
+        """The flush thread's tick: index keys waiting since the last one are written, so
+        a key reaches the index files within about ``flushIntervalCommitLog`` ms."""
+        if self.dispatcher.keys_waiting:
+            with self.appender.lock:
+                self.dispatcher.settle_index()
 
     def wait_dispatched(self) -> None:
         """Return once every record appended so far is in its ConsumeQueue and the index

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -86,13 +87,29 @@ def test_wait_dispatched_writes_waiting_keys(tmp_path):
         st.close()
 
 
+def test_waiting_keys_reach_the_files_within_a_flush_interval(tmp_path):
+    st = MessageStore.open(tmp_path, StoreConfig(flush_interval_commit_log=100), create=True)
+    try:
+        for i in range(2):  # the first record's key goes at once, the second's waits
+            st.put(Message(topic="T", body=b"b", properties={"KEYS": f"k{i}"}))
+        assert st.dispatcher.keys_waiting == 1
+        deadline = time.monotonic() + 10
+        while st.dispatcher.keys_waiting and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with open_store(tmp_path) as r:
+            assert [m.keys for m in r.query_key("T", "k1")] == [["k1"]]
+    finally:
+        st.close()
+
+
 CHILD = textwrap.dedent("""
     import sys
     from rmqstore.codec import Message
     from rmqstore.config import StoreConfig
     from rmqstore.store import MessageStore
     root, keyed, plain, body = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    st = MessageStore.open(root, StoreConfig(), create=True)
+    # No flush tick before the kill: keys still wait when it comes.
+    st = MessageStore.open(root, StoreConfig(flush_interval_commit_log=600_000), create=True)
     for i in range(keyed):
         st.put(Message(topic="C", body=b"b" * body, queue_id=i % 2, properties={"KEYS": f"k{i}"}))
     for i in range(plain):
