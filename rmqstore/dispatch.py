@@ -247,19 +247,26 @@ class Dispatcher:
         index = self.index
         if index is not None:
             k = props.get("KEYS")
-            if self._room > 0 and end <= self._lag_end and "UNIQ_KEY" not in props \
-                    and (not k or " " not in k):
-                # The usual record, one KEYS token or none: its key waits in the write-behind
-                # list and is hashed and put with the others (same bytes, a fraction of the
-                # calls). Waiting keys are never more than DEFER_MAX, never from a record
-                # starting over DEFER_BYTES before the last dispatched record's end, and
-                # always fit in the current index file.
-                if k:
+            if self._room > 1 and end <= self._lag_end:
+                # The usual record: its keys wait in the write-behind list and are hashed
+                # and put with the others (same bytes, a fraction of the calls). Waiting
+                # keys are never more than DEFER_MAX, never from a record starting over
+                # DEFER_BYTES before the last dispatched record's end, and always fit in
+                # the current index file.
+                uniq = props.get("UNIQ_KEY")
+                if k or uniq is not None:
                     # Flat (topic, key, offset, timestamp) runs: a tuple kept per record
                     # would wake the cycle collector every 700 puts.
                     pend = self._pending
-                    pend += (topic, k, offset, store_timestamp)
-                    self._room -= 1
+                    if uniq is not None:
+                        pend += (topic, uniq, offset, store_timestamp)
+                        self._room -= 1
+                    if k:
+                        if " " not in k:
+                            pend += (topic, k, offset, store_timestamp)
+                            self._room -= 1
+                        else:
+                            self._wait_tokens(topic, k, offset, store_timestamp)
                     if len(pend) >= _PENDING_MAX:
                         self._drain()
                         self._lag_end = end + DEFER_BYTES
@@ -283,6 +290,22 @@ class Dispatcher:
                 self._put_keys(files, topic, uniq, k, offset, store_timestamp)
         self._room = self._index_num - files[-1].header.index_count
         self._lag_end = end + DEFER_BYTES
+
+    def _wait_tokens(self, topic: str, keys: str, offset: int, store_timestamp: int) -> None:
+        """The tokens of a KEYS value with spaces join the waiting keys, or, when the
+        current index file has no room for all of them, everything is put now."""
+        tokens = [t for t in keys.split(" ") if t]
+        if len(tokens) <= self._room:
+            pend = self._pending
+            for t in tokens:
+                pend += (topic, t, offset, store_timestamp)
+            self._room -= len(tokens)
+            return
+        self._drain()  # this record's UNIQ_KEY included
+        files = self._index_files(self.index)
+        if offset >= files[-1].header.end_phy_offset:  # §7.3, as for the UNIQ_KEY
+            self._put_keys(files, topic, None, keys, offset, store_timestamp)
+        self._room = self._index_num - files[-1].header.index_count
 
     def _drain(self) -> None:
         """Put the keys waiting in the write-behind list (see :meth:`settle_index`)."""

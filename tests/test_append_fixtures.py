@@ -21,6 +21,7 @@ because recovery re-indexed one record a second time (fixtures/README).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import struct
 import subprocess
@@ -31,8 +32,9 @@ import pytest
 
 from conftest import NO_FIXTURES, ROCKETMQ_498, manifest, scenario_params
 from rmqstore import layout as L
-from rmqstore.codec import Host, Message
+from rmqstore.codec import Host, Message, parse_properties, serialize_properties
 from rmqstore.config import StoreConfig
+from rmqstore.dispatch import Dispatcher
 from rmqstore.store import MessageStore
 
 BYTE_SCENARIOS = ["basic", "unicode", "ipv6", "special", "sync-flush", "async-transient", "crash"]
@@ -60,6 +62,16 @@ def stored_message(s: dict) -> Message:
         properties_text=s["propertiesString"])
 
 
+def parsed_message(s: dict) -> Message:
+    """:func:`stored_message` with its properties as a dict when that gives back the
+    stored text: the single put's fast path, whose dispatch lets index keys wait."""
+    m = stored_message(s)
+    props = parse_properties(m.properties_text)
+    if serialize_properties(props) != m.properties_text:
+        return m
+    return dataclasses.replace(m, properties=props, properties_text=None)
+
+
 def put_groups(messages: list[dict]):
     """The manifest's messages grouped as they were put: singles, and whole batches."""
     i = 0
@@ -70,14 +82,14 @@ def put_groups(messages: list[dict]):
         i += n
 
 
-def replay(scenario: str, root, **open_kw) -> None:
+def replay(scenario: str, root, *, make=stored_message, **open_kw) -> None:
     cfg = fixture_config(scenario)
     with MessageStore.open(root, cfg, create=True, **open_kw) as st:
         for group in put_groups(manifest(scenario)["messages"]):
             if "batchRequest" in group[0]["request"]:
-                results = st.put_batch([stored_message(x["stored"]) for x in group])
+                results = st.put_batch([make(x["stored"]) for x in group])
             else:
-                results = [st.put(stored_message(group[0]["stored"]))]
+                results = [st.put(make(group[0]["stored"]))]
             for r, x in zip(results, group):
                 s = x["stored"]
                 assert r.ok, r
@@ -131,6 +143,26 @@ def test_engine_reproduces_rocketmq_store(scenario, tmp_path):
                            ck_ref["indexMsgTimestamp"])
     assert (root / "checkpoint").stat().st_size == 4096
     assert not (root / "abort").exists()
+
+
+@pytest.mark.parametrize("scenario", scenario_params(["basic", "unicode", "ipv6", "special"]))
+def test_parsed_properties_and_waiting_keys_reproduce_rocketmq(scenario, tmp_path, monkeypatch):
+    """The same replay with properties given as dicts: the fast single put, its index
+    keys waiting to be put together, still makes RocketMQ's CommitLog, queues and index."""
+    waited = []
+    drain = Dispatcher._drain
+
+    def counting(self):
+        waited.append(self.keys_waiting)
+        drain(self)
+    monkeypatch.setattr(Dispatcher, "_drain", counting)
+    root = tmp_path / "store"
+    replay(scenario, root, make=parsed_message)
+    assert sum(waited) > 0  # keys did wait: the case under test
+    ref = ROCKETMQ_498 / scenario
+    assert _files(root, "commitlog") == _files(ref, "commitlog")
+    assert _files(root, "consumequeue") == _files(ref, "consumequeue")
+    assert list(_files(root, "index").values()) == list(_files(ref, "index").values())
 
 
 def _jsonl_from_manifest(scenario: str) -> str:

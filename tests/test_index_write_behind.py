@@ -42,7 +42,9 @@ def _write(root, msgs, *, at_once: bool, **cfg):
 
 _props = st.sampled_from([
     {"KEYS": "k"}, {"KEYS": "k", "TAGS": "t"}, {}, {"TAGS": "t"}, {"UNIQ_KEY": "u"},
-    {"KEYS": "a b"}, {"KEYS": "é"}, {"KEYS": ""}, {"KEYS": "x" * 300}])
+    {"UNIQ_KEY": "u", "KEYS": "k"}, {"UNIQ_KEY": ""}, {"UNIQ_KEY": "é", "KEYS": "k"},
+    {"KEYS": "a b"}, {"KEYS": "é"}, {"KEYS": ""}, {"KEYS": "x" * 300},
+    {"UNIQ_KEY": "u", "KEYS": "a  b c d e f g h i j k l m n o p q r s t"}, {"KEYS": " "}])
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
