@@ -705,7 +705,7 @@ def _index_entries(dispatcher, c: _Dispatched, indexed):
                 return cols[0], c.offsets, tsa
             return (np.column_stack(cols).ravel(), np.repeat(c.offsets, 2), np.repeat(tsa, 2))
     # The general case: key strings, hashed together.
-    from .dispatch import index_hashes
+    from .keyhash import index_hashes
     topics = c.topic_list()
     us = itertools.repeat(uniq, n) if uniq is None or isinstance(uniq, str) else uniq
     ks = itertools.repeat(keys, n) if keys is None or isinstance(keys, str) else keys

@@ -28,84 +28,21 @@ import numpy as np
 
 from . import layout as L
 from .append import Appended
-from .codec import SCHEDULE_TOPIC, index_hash, java_hash, parse_properties
+from .codec import SCHEDULE_TOPIC, java_hash, parse_properties
 from .consumequeue import ConsumeQueueWriter
+from .keyhash import index_hashes, prefix_hash, token_hash, token_hashes
 
 _CQ_TYPES = (L.TRANSACTION_NOT_TYPE, L.TRANSACTION_COMMIT)
 _TAGS_CACHE_MAX = 1 << 16
 
 
-def _pow31(n: int) -> np.ndarray:
-    p = np.ones(max(n, 1), dtype=np.uint64)
-    for k in range(1, n):
-        p[k] = (int(p[k - 1]) * 31) & 0xFFFFFFFF
-    return p
-
-
-_POW = _pow31(256)
-
-# Index hash of ``topic#token`` from the topic's cached prefix hash (spec §7.2):
-# h(a + b) = h(a) * 31**len(b) + h(b) (mod 2**32). For ASCII tokens h(b) is one C-level
-# sum of products, instead of a Python loop over the characters.
-_FAST_KEY_MAX = 256
 # dispatch_record's write-behind of index keys: at most this many keys wait, all from records
 # starting at most DEFER_BYTES before the end of the last record dispatched (the bound a
 # reopen after a crash relies on: MessageStore re-indexes that much).
 DEFER_MAX = 1024
 _PENDING_MAX = 4 * DEFER_MAX  # the flat list's length when it holds DEFER_MAX keys
 DEFER_BYTES = 1 << 20
-_POW_N = [pow(31, n, 1 << 32) for n in range(_FAST_KEY_MAX + 1)]
-_POW_ROWS = [tuple(pow(31, n - 1 - i, 1 << 32) for i in range(n)) for n in range(_FAST_KEY_MAX + 1)]
-_mul = operator.mul
-
-
-def _index_hash_from(prefix_hash: int, topic: str, token: str) -> int:
-    n = len(token)
-    if n > _FAST_KEY_MAX or not token.isascii():
-        return index_hash(f"{topic}#{token}")
-    h = (prefix_hash * _POW_N[n] + sum(map(_mul, token.encode("ascii"), _POW_ROWS[n]))) & 0xFFFFFFFF
-    if h & 0x80000000:  # negative as int32: Math.abs, and MIN_VALUE becomes 0
-        h = 0 if h == 0x80000000 else 0x100000000 - h
-    return h
-
-
-# Digits for int(..., 31): an ASCII code c = 31 * (c // 31) + c % 31, each part a base-31
-# digit, so the Java hash of an ASCII token is 31 * int(q, 31) + int(r, 31) (mod 2**32).
-_DIGITS31 = b"0123456789abcdefghijklmnopqrstu"
-_Q31 = bytes(_DIGITS31[c // 31] if c < 128 else 48 for c in range(256))
-_R31 = bytes(_DIGITS31[c % 31] if c < 128 else 48 for c in range(256))
 _unit_pack_into = L.CQ_UNIT_STRUCT.pack_into
-
-def index_hashes(keys: Sequence[str]) -> np.ndarray:
-    """Index hashes (spec §7.2) of many keys: Java ``String.hashCode`` as one matrix
-    product per distinct key length instead of a loop over UTF-16 units."""
-    global _POW
-    n = len(keys)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    joined = "".join(keys).encode("utf-16-be", "surrogatepass")
-    lens = np.fromiter(map(len, keys), dtype=np.int64, count=n)
-    if len(joined) != 2 * int(lens.sum()):
-        # Characters outside the BMP count as two units: measure each key.
-        lens = np.fromiter((len(k.encode("utf-16-be", "surrogatepass")) >> 1 for k in keys),
-                           dtype=np.int64, count=n)
-    units = np.frombuffer(joined, dtype=">u2").astype(np.uint64)
-    starts = np.cumsum(lens) - lens
-    if int(lens.max()) > len(_POW):
-        _POW = _pow31(int(lens.max()))
-    h = np.zeros(n, dtype=np.uint64)
-    for length in np.unique(lens).tolist():
-        if length == 0:
-            continue
-        sel = np.flatnonzero(lens == length)
-        mat = units[starts[sel, None] + np.arange(length)]
-        # Each product is < 2**48, so the row sums cannot overflow 64 bits for keys
-        # shorter than 65536 units; the mod 2**32 is taken once at the end.
-        h[sel] = (mat * _POW[length - 1::-1]).sum(axis=1) & np.uint64(0xFFFFFFFF)
-    signed = h.astype(np.uint32).view(np.int32).astype(np.int64)
-    out = np.abs(signed)
-    out[out == 2**31] = 0  # Math.abs(MIN_VALUE) is negative: RocketMQ uses 0
-    return out
 
 
 class Dispatcher:
@@ -202,7 +139,7 @@ class Dispatcher:
         self.dispatched += 1
 
     def _topic_prefix_hash(self, topic: str) -> int:
-        ph = java_hash(topic + "#") & 0xFFFFFFFF
+        ph = prefix_hash(topic)
         if len(self._key_prefix) < _TAGS_CACHE_MAX:
             self._key_prefix[topic] = ph
         return ph
@@ -344,15 +281,7 @@ class Dispatcher:
         if keys:
             toks += [t for t in keys.split(" ") if t]
         for t in toks:
-            n = len(t)
-            if 0 < n <= _FAST_KEY_MAX and t.isascii():
-                b = t.encode("ascii")
-                h = (ph * _POW_N[n] + 31 * int(b.translate(_Q31), 31)
-                     + int(b.translate(_R31), 31)) & 0xFFFFFFFF
-                if h & 0x80000000:
-                    h = 0 if h == 0x80000000 else 0x100000000 - h
-            else:
-                h = _index_hash_from(ph, topic, t)
+            h = token_hash(ph, topic, t)
             if not files[-1].put(h, offset, store_timestamp):
                 self.index.put_hash(h, offset, store_timestamp)  # full: next file
 
@@ -402,13 +331,13 @@ class Dispatcher:
                     if ph is None:
                         ph = self._topic_prefix_hash(topic)
                     if uniq is not None:
-                        h = _index_hash_from(ph, topic, uniq)
+                        h = token_hash(ph, topic, uniq)
                         if not files[-1].put(h, offset, store_timestamp):
                             index.put_hash(h, offset, store_timestamp)  # full: next file
                     if k:
                         for t in k.split(" "):
                             if t:
-                                h = _index_hash_from(ph, topic, t)
+                                h = token_hash(ph, topic, t)
                                 if not files[-1].put(h, offset, store_timestamp):
                                     index.put_hash(h, offset, store_timestamp)
         self.dispatched += 1
@@ -497,32 +426,12 @@ class Dispatcher:
                 index.put_hashes(index_hashes(full), kphy, kts, skip_stale=True)
         self.dispatched += n
 
-    def _index_hashes_of(self, topic: str, tokens: list[str]) -> np.ndarray | None:
-        """Index hashes of ``topic#token`` for ASCII tokens, vectorised per token length
-        from the topic's prefix hash; None when some token is not ASCII."""
-        joined = "".join(tokens)
-        if not joined.isascii():
-            return None
+    def _index_hashes_of(self, topic: str, tokens: Sequence[str]) -> np.ndarray | None:
+        """:func:`~rmqstore.keyhash.token_hashes` from the topic's cached prefix hash."""
         ph = self._key_prefix.get(topic)
         if ph is None:
             ph = self._topic_prefix_hash(topic)
-        n = len(tokens)
-        lens = np.fromiter(map(len, tokens), dtype=np.int64, count=n)
-        if n and int(lens.max()) > _FAST_KEY_MAX:
-            return None
-        units = np.frombuffer(joined.encode("ascii"), dtype=np.uint8).astype(np.uint64)
-        starts = np.cumsum(lens) - lens
-        h = np.empty(n, dtype=np.uint64)
-        for length in np.unique(lens).tolist():
-            sel = np.flatnonzero(lens == length)
-            pows = np.array(_POW_ROWS[length], dtype=np.uint64)
-            part = (units[starts[sel, None] + np.arange(length)] * pows).sum(axis=1) if length \
-                else np.zeros(len(sel), dtype=np.uint64)
-            h[sel] = (part + np.uint64(ph * _POW_N[length] & 0xFFFFFFFF)) & np.uint64(0xFFFFFFFF)
-        signed = h.astype(np.uint32).view(np.int32).astype(np.int64)
-        out = np.abs(signed)
-        out[out == 2**31] = 0  # Math.abs(MIN_VALUE) is negative: RocketMQ uses 0
-        return out
+        return token_hashes(ph, tokens)
 
     def dispatch_many(self, records: Sequence[Appended]) -> None:
         """:meth:`dispatch` for records in CommitLog order, vectorised: CQ units go to

@@ -13,7 +13,7 @@ from rmqstore import layout as L
 from rmqstore.append import CommitLogAppender
 from rmqstore.codec import SCHEDULE_TOPIC, Host, Message, index_hash, java_hash
 from rmqstore.config import StoreConfig
-from rmqstore.dispatch import _index_hash_from
+from rmqstore.keyhash import prefix_hash, token_hash, token_hashes
 from rmqstore.store import MessageStore
 
 V4, V6 = Host.parse("10.0.0.1:1234"), Host.parse("[2001:db8::1]:10911")
@@ -109,8 +109,24 @@ def test_prefix_index_hash_equals_java():
     for _ in range(3000):
         topic = "".join(rnd.choice(alphabet) for _ in range(rnd.randrange(1, 12)))
         token = "".join(rnd.choice(alphabet[:-2]) for _ in range(rnd.randrange(0, 300)))
-        ph = java_hash(topic + "#") & 0xFFFFFFFF
-        assert _index_hash_from(ph, topic, token) == index_hash(f"{topic}#{token}")
+        ph = prefix_hash(topic)
+        assert ph == java_hash(topic + "#") & 0xFFFFFFFF
+        assert token_hash(ph, topic, token) == index_hash(f"{topic}#{token}")
+
+
+def test_token_hashes_equal_java():
+    """The vectorised form, ASCII tokens of every length up to the fast limit and past it."""
+    rnd = random.Random(6)
+    for topic in ("T", "订单", "BenchTopic"):
+        tokens = ["".join(chr(rnd.randrange(128)) for _ in range(rnd.randrange(0, 260)))
+                  for _ in range(400)]
+        got = token_hashes(prefix_hash(topic), tokens)
+        if max(map(len, tokens)) > 256:
+            assert got is None
+            tokens = [t for t in tokens if len(t) <= 256]
+            got = token_hashes(prefix_hash(topic), tokens)
+        assert got.tolist() == [index_hash(f"{topic}#{t}") for t in tokens]
+    assert token_hashes(prefix_hash("T"), ["ok", "é"]) is None
 
 
 @pytest.mark.parametrize("columns", [False, True])

@@ -1,22 +1,19 @@
 """The inline single-record dispatch writes what the general one does."""
 import random
 
-from rmqstore.codec import Message
+from rmqstore.codec import Message, index_hash
 from rmqstore.config import StoreConfig
-from rmqstore.dispatch import _Q31, _R31, _POW_N, _index_hash_from
+from rmqstore.keyhash import prefix_hash, token_hash
 from rmqstore.store import MessageStore
 
 
-def test_ascii_hash_matches_loop():
+def test_ascii_token_hash_equals_java():
+    """The two base-31 parses of an ASCII token, against the spec's hash of the whole key."""
     rnd = random.Random(7)
     for _ in range(2000):
-        t = "".join(chr(rnd.randrange(128)) for _ in range(rnd.randrange(1, 60)))
-        ph = rnd.randrange(1 << 32)
-        b = t.encode("ascii")
-        h = (ph * _POW_N[len(b)] + 31 * int(b.translate(_Q31), 31) + int(b.translate(_R31), 31)) & 0xFFFFFFFF
-        if h & 0x80000000:
-            h = 0 if h == 0x80000000 else 0x100000000 - h
-        assert h == _index_hash_from(ph, "T", t)
+        topic = "".join(chr(rnd.randrange(32, 0x3000)) for _ in range(rnd.randrange(1, 20)))
+        t = "".join(chr(rnd.randrange(128)) for _ in range(rnd.randrange(0, 60)))
+        assert token_hash(prefix_hash(topic), topic, t) == index_hash(f"{topic}#{t}")
 
 
 def _store_bytes(root, fast):
