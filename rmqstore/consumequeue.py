@@ -356,6 +356,7 @@ class ConsumeQueueWriter:
         self._maps: dict[int, mmap.mmap] = {}
         self._map_start = -1  # segment start of _map_cur
         self._map_cur: mmap.mmap | None = None
+        self._flushed_pos = self.write_pos or 0  # what flush() last covered
 
     # --- segment files --------------------------------------------------------------
 
@@ -493,9 +494,16 @@ class ConsumeQueueWriter:
             done += len(chunk)
         self.max_physic_offset = int(phy[-1] + size[-1])
 
-    def flush(self) -> None:
-        for fd in self._fds.values():
-            os.fsync(fd)  # also writes back pages dirtied through the mapping (Linux)
+    def flush(self, least_pages: int = 0) -> None:
+        """Sync the segments (an ``fsync`` also writes back pages dirtied through the
+        mapping on Linux); with ``least_pages``, only once that many 4 KiB pages were
+        written since the last flush. Safe from another thread than the writer's."""
+        pos = self.write_pos or 0
+        if least_pages and pos // 4096 - self._flushed_pos // 4096 < least_pages:
+            return
+        for fd in list(self._fds.values()):
+            os.fsync(fd)
+        self._flushed_pos = pos
 
     def close(self) -> None:
         for mm in self._maps.values():

@@ -509,6 +509,12 @@ class Dispatcher:
         self.dispatch_many(chunk)
         return reached
 
+    def flush_queues(self, least_pages: int = 0) -> None:
+        """Sync the ConsumeQueue files (see ConsumeQueueWriter.flush); the logics flush
+        thread calls this while writers go on."""
+        for w in list(self._writers.values()):
+            w.flush(least_pages)
+
     def flush(self) -> None:
         self.settle_index()
         for w in self._writers.values():

@@ -399,8 +399,9 @@ class IndexService:
     def __init__(self, index_dir: str | os.PathLike, geometry: IndexGeometry, *,
                  clock: Callable[[], int] | None = None, tz: tzinfo | None = None,
                  max_msgs_num_batch: int = DEFAULT_MAX_MSGS_NUM_BATCH,
-                 flush_full_files: bool = True):
+                 flush_full_files: bool = True, on_full: Callable[[], None] | None = None):
         self.path = Path(index_dir)
+        self.on_full = on_full  # called once a full file is flushed (the store's checkpoint)
         self.path.mkdir(parents=True, exist_ok=True)
         self.flush_full_files = flush_full_files
         self.geometry = geometry
@@ -427,6 +428,8 @@ class IndexService:
             if self.flush_full_files:
                 prev.flush()
             self.index_msg_timestamp = prev.header.end_timestamp
+            if self.on_full is not None:
+                self.on_full()
         return f
 
     def current_file(self) -> IndexFile:

@@ -17,6 +17,7 @@ trailing property separator, magic v2 for long topics, and the checkpoint length
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -30,6 +31,7 @@ from .dispatch import DEFER_BYTES, BackgroundDispatcher, Dispatcher
 from .errors import NotAStoreError, RecordError
 from .flush import FlushService, TransientPool
 from .index import IndexGeometry, IndexService
+from .logics_flush import LogicsFlushService
 from .reput import keys_behind, queue_state
 from .segments import SegmentQueue
 
@@ -83,6 +85,10 @@ class MessageStore:
         self.was_clean = not ckpt.abort_exists(self.root)
         cp_path = self.root / ckpt.CHECKPOINT
         self.checkpoint = ckpt.read_checkpoint(cp_path) if cp_path.exists() else ckpt.Checkpoint()
+        self.physic_timestamp = self.checkpoint.physic_msg_timestamp
+        self._cp_lock = threading.Lock()
+        if not cp_path.exists():  # the broker creates it, all zeros, when it starts (§8.1)
+            ckpt.write_checkpoint(self.root, self.checkpoint, version="5.x" if self.v5 else "4.9")
         ckpt.create_abort(self.root, str(os.getpid()).encode() if self.v5 else b"")
 
         queue = SegmentQueue(cfg.commit_log_dirs, cfg.mapped_file_size_commit_log,
@@ -99,7 +105,8 @@ class MessageStore:
 
         geometry = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
         index = IndexService(cfg.index_dir, geometry, clock=clock,
-                             max_msgs_num_batch=cfg.max_msgs_num_batch) \
+                             max_msgs_num_batch=cfg.max_msgs_num_batch,
+                             on_full=self._write_checkpoint) \
             if cfg.message_index_enable else None
         self.dispatcher = Dispatcher(cfg, index=index)
         self.dispatcher.logics_timestamp = self.checkpoint.logics_msg_timestamp
@@ -130,7 +137,6 @@ class MessageStore:
         self.appender = CommitLogAppender(
             cfg, queue, end, offsets,
             buffer_for=self.pool.buffer_for if self.pool else None)
-        self.physic_timestamp = self.checkpoint.physic_msg_timestamp
 
         def flushed(ts: int) -> None:
             self.physic_timestamp = ts
@@ -138,6 +144,8 @@ class MessageStore:
         self.flusher = FlushService(self.appender, cfg, pool=self.pool, on_flushed=flushed,
                                     on_tick=self._settle_index if dispatch == "sync" else None)
         self.flusher.start()
+        self.logics_flusher = LogicsFlushService(self.dispatcher, cfg, self._write_checkpoint)
+        self.logics_flusher.start()
         self.dispatch_mode = dispatch
         self.background = BackgroundDispatcher(self.dispatcher) if dispatch == "background" else None
         # What the fast put calls under the append lock for each record (dispatch).
@@ -305,6 +313,19 @@ class MessageStore:
         with self.appender.lock:
             return dict(self.appender.queue_offsets)
 
+    def _write_checkpoint(self, logics: int | None = None) -> None:
+        """Write the checkpoint from the current timestamps (spec §8.1): on close, when an
+        index file fills, and from the logics flush thread, which passes the
+        logicsMsgTimestamp it took before syncing the queues."""
+        with self._cp_lock:
+            cp = self.checkpoint
+            cp.physic_msg_timestamp = self.physic_timestamp
+            cp.logics_msg_timestamp = self.dispatcher.logics_timestamp if logics is None else logics
+            index = self.dispatcher.index
+            if index is not None and index.index_msg_timestamp is not None:
+                cp.index_msg_timestamp = index.index_msg_timestamp
+            ckpt.write_checkpoint(self.root, cp, version="5.x" if self.v5 else "4.9")
+
     def _settle_index(self) -> None:
         """The flush thread's tick: index keys waiting since the last one are written, so
         a key reaches the index files within about ``flushIntervalCommitLog`` ms."""
@@ -336,6 +357,7 @@ class MessageStore:
         self._closed = True
         self.__dict__.pop("put", None)
         try:
+            self.logics_flusher.stop()
             if self.background is not None:
                 self.background.stop()
             self.flusher.stop()
@@ -343,17 +365,11 @@ class MessageStore:
             end = self.appender.end
             # The preallocated next segment was never written: a clean shutdown drops it.
             self._log_queue.delete_from(end if end else 0)
-            index = self.dispatcher.index
-            cp = self.checkpoint
-            cp.physic_msg_timestamp = self.physic_timestamp
-            cp.logics_msg_timestamp = self.dispatcher.logics_timestamp
-            if index is not None and index.index_msg_timestamp is not None:
-                cp.index_msg_timestamp = index.index_msg_timestamp
             if self.v5 and self.last_record_offset >= 0:
-                cp.confirm_phy_offset = self.last_record_offset
+                self.checkpoint.confirm_phy_offset = self.last_record_offset
             self.dispatcher.close()
             self._log_queue.close()
-            ckpt.write_checkpoint(self.root, cp, version="5.x" if self.v5 else "4.9")
+            self._write_checkpoint()
             error = self.background.error if self.background is not None else None
             if error is None:
                 ckpt.remove_abort(self.root)  # only once everything is consistent (§8.2)
