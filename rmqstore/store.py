@@ -87,8 +87,9 @@ class MessageStore:
         self.checkpoint = ckpt.read_checkpoint(cp_path) if cp_path.exists() else ckpt.Checkpoint()
         self.physic_timestamp = self.checkpoint.physic_msg_timestamp
         self._cp_lock = threading.Lock()
+        self._cp_version = "5.x" if self.v5 else "4.9"
         if not cp_path.exists():  # the broker creates it, all zeros, when it starts (§8.1)
-            ckpt.write_checkpoint(self.root, self.checkpoint, version="5.x" if self.v5 else "4.9")
+            ckpt.write_checkpoint(self.root, self.checkpoint, version=self._cp_version)
         ckpt.create_abort(self.root, str(os.getpid()).encode() if self.v5 else b"")
 
         queue = SegmentQueue(cfg.commit_log_dirs, cfg.mapped_file_size_commit_log,
@@ -324,7 +325,7 @@ class MessageStore:
             index = self.dispatcher.index
             if index is not None and index.index_msg_timestamp is not None:
                 cp.index_msg_timestamp = index.index_msg_timestamp
-            ckpt.write_checkpoint(self.root, cp, version="5.x" if self.v5 else "4.9")
+            ckpt.write_checkpoint(self.root, cp, version=self._cp_version)
 
     def _settle_index(self) -> None:
         """The flush thread's tick: index keys waiting since the last one are written, so
@@ -340,8 +341,7 @@ class MessageStore:
         if self.background is not None:
             self.background.wait_idle()
         elif self.dispatch_mode == "sync" and not self._closed:
-            with self.appender.lock:
-                self.dispatcher.settle_index()
+            self._settle_index()
 
     def _check_open(self) -> None:
         if self._closed:
