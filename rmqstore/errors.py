@@ -61,3 +61,28 @@ class StoreLockedError(RmqStoreError):
 
 class InputError(RmqStoreError):
     """Bad user input: a malformed JSON line, an unknown option value."""
+
+
+class UnsupportedStoreError(RmqStoreError):
+    """A store layout or feature rmqstore does not understand yet (a DLedger CommitLog, a
+    RocksDB consume queue, ...). Never reported as an empty or healthy store."""
+
+
+class UnsafePathError(RmqStoreError):
+    """A name that comes from disk (a topic, a file name) cannot be used as a path inside
+    the store, or a path leads out of it (a symlink, ``..``)."""
+
+
+class RefusedError(RmqStoreError):
+    """A writing command refuses a plan its evidence does not justify (it would remove
+    valid data, or work from a guess); the message says why and which override exists."""
+
+
+class StoreIOError(RmqStoreError):
+    """The operating system failed a read or write (ENOSPC, EIO, ...): names the file and
+    the operation; the store is left unchanged or resumable."""
+
+    def __init__(self, message: str, path: str | os.PathLike | None = None,
+                 offset: int | None = None, *, errno: int | None = None):
+        super().__init__(message, path, offset)
+        self.errno = errno
