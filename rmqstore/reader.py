@@ -10,6 +10,7 @@ Ops scripts use this module the way the CLI does::
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from .codec import Message, decode_offset_msg_id
 from .commitlog import CommitLog
 from .config import SEGMENT_NAME, StoreConfig, load_config
 from .errors import NotAStoreError, OffsetError, RmqStoreError
-from .scan import scan_buffer
+from .scan import scan_windows
 
 INDEX_NAME = re.compile(r"^\d{17}$")
 STORE_MARKERS = ("commitlog", "consumequeue", "index", "checkpoint")
@@ -177,8 +178,12 @@ def iter_messages(commitlog: CommitLog, **filters) -> Iterator[Message]:
 
 def iter_selected(commitlog: CommitLog, *, topic=None, queue_id=None, from_offset=None,
                   to_offset=None, since=None, until=None, limit=None):
-    """(columns, indices) per segment for the valid records that pass the filters, in
-    physical order, at most ``limit`` records in all."""
+    """(columns, indices) per window of a segment for the valid records that pass the
+    filters, in physical order, at most ``limit`` records in all.
+
+    Segments are walked a window at a time (:func:`~rmqstore.scan.scan_windows`) and the
+    pages of a window are let go once its records are handed over, so memory stays at a
+    window's columns whatever the store's size."""
     import numpy as np
 
     count = 0
@@ -187,34 +192,51 @@ def iter_selected(commitlog: CommitLog, *, topic=None, queue_id=None, from_offse
             return
         if from_offset is not None and seg.end <= from_offset:
             continue
-        scan = scan_buffer(seg.buffer(), seg.start, seg.readable_size)
-        cols = scan.records
-        keep = np.ones(len(cols), dtype=bool)
-        off = cols.offset
-        if from_offset is not None:
-            keep &= off >= from_offset
-        if to_offset is not None:
-            keep &= off < to_offset
-        if queue_id is not None:
-            keep &= cols.queue_id == queue_id
-        if since is not None:
-            keep &= cols.store_timestamp >= since
-        if until is not None:
-            keep &= cols.store_timestamp <= until
-        if topic is not None and keep.any():
-            names, ids = cols.topic_table()
-            wanted = [i for i, n in enumerate(names) if n == topic]
-            keep &= np.isin(ids, wanted)
-        chosen = np.flatnonzero(keep)
-        if limit is not None:
-            chosen = chosen[:limit - count]
-        if len(chosen):
-            yield cols, chosen
-        count += len(chosen)
-        if limit is not None and count >= limit:
-            return
+        buf = seg.buffer()
+        released = 0
+        for scan in scan_windows(buf, seg.start, seg.readable_size):
+            cols = scan.records
+            keep = np.ones(len(cols), dtype=bool)
+            off = cols.offset
+            if from_offset is not None:
+                keep &= off >= from_offset
+            if to_offset is not None:
+                keep &= off < to_offset
+            if queue_id is not None:
+                keep &= cols.queue_id == queue_id
+            if since is not None:
+                keep &= cols.store_timestamp >= since
+            if until is not None:
+                keep &= cols.store_timestamp <= until
+            if topic is not None and keep.any():
+                names, ids = cols.topic_table()
+                wanted = [i for i, n in enumerate(names) if n == topic]
+                keep &= np.isin(ids, wanted)
+            chosen = np.flatnonzero(keep)
+            if limit is not None:
+                chosen = chosen[:limit - count]
+            if len(chosen):
+                yield cols, chosen
+            count += len(chosen)
+            if limit is not None and count >= limit:
+                return
+            if to_offset is not None and scan.end >= to_offset:
+                return
+            if not seg.writable:
+                released = release_pages(buf, released, scan.end - seg.start)
         if scan.stop != "blank" and scan.stop != "end":
             return  # valid data ends in this segment (spec §10.1)
+
+
+def release_pages(buf, done: int, upto: int) -> int:
+    """Drop this process's mapping of a read-only map's pages in ``[done, upto)`` (page
+    aligned down): the data stays in the page cache and is read again if touched, but it
+    no longer counts in the reader's resident memory. Returns the new ``done``."""
+    upto -= upto % mmap.PAGESIZE
+    if upto > done and isinstance(buf, mmap.mmap):
+        buf.madvise(mmap.MADV_DONTNEED, done, upto - done)
+        return upto
+    return done
 
 
 def open_store(path: str | os.PathLike, conf: str | os.PathLike | None = None,
