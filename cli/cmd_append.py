@@ -10,6 +10,9 @@ from typing import List, Optional
 import typer
 
 from cli.common import ConfigOption, app, fail, handles_errors
+from cli.output import Output, output_options
+
+RESULT_FIELDS = ("status", "commitLogOffset", "storeSize", "queueOffset", "offsetMsgId", "reason")
 
 
 class _BadLine(Exception):
@@ -53,6 +56,7 @@ def _flag_message(topic, body, body_file, tags, keys, queue_id, props, flag) -> 
 
 @app.command()
 @handles_errors
+@output_options(pager=False)
 def append(
     store: Path = typer.Argument(..., help="Store root to append to."),
     jsonl: Optional[str] = typer.Option(None, "--jsonl", help="Append one message per line of this JSON Lines file ('-' for stdin), in the message JSON of `rmqstore dump`."),
@@ -73,6 +77,7 @@ def append(
     index_num: Optional[int] = typer.Option(None, "--index-num", help="maxIndexNum (default 20000000)."),
     broker_version: Optional[str] = typer.Option(None, "--broker-version", help="On-disk conventions to follow: 4.9 (default) or 5."),
     flush_disk_type: Optional[str] = typer.Option(None, "--flush-disk-type", help="ASYNC_FLUSH (default) or SYNC_FLUSH (each message acknowledged once on disk)."),
+    *, out: Output,
 ) -> None:
     """Append messages to a store, byte for byte as RocketMQ's store writes them, building
     the ConsumeQueue and IndexFile entries as the broker's dispatch does.
@@ -85,8 +90,8 @@ def append(
     written exactly as given unless --as-broker. Absent times are now; absent hosts are
     127.0.0.1:0 and brokerIP1:listenPort.
 
-    Prints one JSON line per message: status, commitLogOffset, storeSize, queueOffset,
-    offsetMsgId. Each input line is checked before it is appended: a malformed line
+    Prints one row per message as it is appended: status, commitLogOffset, storeSize,
+    queueOffset, offsetMsgId (and reason when not PUT_OK). Each input line is checked before it is appended: a malformed line
     stops the command with "FILE:LINE: why" (exit 2); the lines before it stay appended.
     Exit 0 when every message is PUT_OK, 1 when some are not, 2 on bad usage or input.
     """
@@ -111,9 +116,9 @@ def append(
     else:
         items = _lines(jsonl)
         source = "<stdin>" if jsonl == "-" else jsonl
-    failed = 0
-    out = sys.stdout
-    with MessageStore.open(store, cfg, create=create) as st:
+    failed = []
+
+    def results(st):
         for lineno, item in items:
             try:
                 obj = json.loads(item) if isinstance(item, str) else item
@@ -127,12 +132,14 @@ def append(
                 raise fail(f"{where}: {why}") from None
             r = st.put(msg, stamp=as_broker)
             if not r.ok:
-                failed += 1
-            line = {"status": r.status.value, "commitLogOffset": r.offset, "storeSize": r.size,
-                    "queueOffset": r.queue_offset, "offsetMsgId": r.msg_id}
+                failed.append(r)
+            row = {"status": r.status.value, "commitLogOffset": r.offset, "storeSize": r.size,
+                   "queueOffset": r.queue_offset, "offsetMsgId": r.msg_id}
             if r.reason:
-                line["reason"] = r.reason
-            out.write(json.dumps(line) + "\n")
-    out.flush()
+                row["reason"] = r.reason
+            yield row
+
+    with MessageStore.open(store, cfg, create=create) as st:
+        out.rows(results(st), RESULT_FIELDS, fields=RESULT_FIELDS)
     if failed:
         raise typer.Exit(1)

@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from cli import render
-from cli.common import Format, app, handles_errors
+from cli.common import app, handles_errors
+from cli.output import Format, FormatOption, NoPagerOption, Output
 
 BENCH_HELP = """Time rmqstore on data it generates: messages/s, MB/s and seconds, the median of
 --runs runs. With no benchmark named, runs them all. The data goes to a subfolder of --dir
@@ -27,7 +27,10 @@ class AppendMode(str, enum.Enum):
     sync = "sync"
 
 
-COLUMNS = ("name", "messages", "MB", "seconds", "msgs/s", "MB/s", "status")
+COLUMNS = ("name", "messages", "bytes", "seconds", "msgsPerSec", "mbPerSec")
+# Table cells: rates and times rounded for reading; json/jsonl/csv keep the numbers.
+CELLS = {"seconds": lambda v: f"{v:.3f}", "msgsPerSec": lambda v: f"{v:,.0f}",
+         "mbPerSec": lambda v: f"{v:,.1f}"}
 
 _SIZE_HELP = "MiB of CommitLog data to generate (append writes about this much). Default 64."
 _BODY_HELP = "Body size of each generated message, in bytes. Default 100."
@@ -36,7 +39,6 @@ _DIR_HELP = "Folder to put the generated data in (to choose the disk); the data 
 _SEG_HELP = "CommitLog segment size in MiB (mappedFileSizeCommitLog). Default 1024, RocketMQ's."
 _LOOKUPS_HELP = "Keys looked up by the query-key benchmark per run. Default 1000."
 _MODE_HELP = "For append: single (MessageStore.put), batch (put_batch, 1000 a call), columns (put_columns, 1000 a call) or sync (SYNC_FLUSH group commit, 4 writer threads). Default single."
-_FORMAT_HELP = "Output format: table (default on a terminal), json (an array, one object per benchmark), or jsonl (default when piped)."
 
 
 # One set of options, shared by `rmqstore bench` and each `rmqstore bench NAME`.
@@ -47,7 +49,6 @@ DIRECTORY = typer.Option(None, "--dir", help=_DIR_HELP)
 SEGMENT_MB = typer.Option(None, "--segment-mb", min=1, max=2047, help=_SEG_HELP)
 LOOKUPS = typer.Option(None, "--lookups", min=1, help=_LOOKUPS_HELP)
 APPEND_MODE = typer.Option(None, "--append-mode", help=_MODE_HELP, case_sensitive=False)
-FORMAT = typer.Option(None, "--format", "-f", help=_FORMAT_HELP, case_sensitive=False)
 
 
 def _opts(ctx: typer.Context, **given):
@@ -57,36 +58,29 @@ def _opts(ctx: typer.Context, **given):
     base.update({k: v for k, v in given.items() if v is not None})
     if isinstance(base.get("append_mode"), AppendMode):
         base["append_mode"] = base["append_mode"].value
-    fmt = base.pop("fmt", None)
-    return BenchOptions(**{k: v for k, v in base.items() if v is not None}), fmt
+    fmt, no_pager = base.pop("fmt", None), base.pop("no_pager", False)
+    return BenchOptions(**{k: v for k, v in base.items() if v is not None}), (fmt, no_pager)
 
 
-def _run(names, opts, fmt: Optional[Format]) -> None:
+def _run(names, opts, output) -> None:
+    """Each benchmark's row as soon as it is measured; skipped ones on stderr."""
     from rmqstore.bench import run
 
-    from cli.common import resolve_format
+    fmt, no_pager = output
+    with Output(fmt, pager=not no_pager) as out:
+        def results():
+            for name in names:
+                if sys.stderr.isatty():
+                    sys.stderr.write(f"bench: {name} ...\n")
+                    sys.stderr.flush()
+                r = run(name, opts)
+                if r.skipped:
+                    out.warn(f"bench {name} skipped: {r.skipped}")
+                    continue
+                yield r.as_dict()
 
-    out = resolve_format(fmt)
-    results = []
-    for name in names:
-        if sys.stderr.isatty():
-            sys.stderr.write(f"bench: {name} ...\n")
-            sys.stderr.flush()
-        r = run(name, opts)
-        if r.skipped:
-            typer.echo(f"rmqstore: bench {name} skipped: {r.skipped}", err=True)
-        results.append(r)
-    if out is Format.table:
-        rows = [{"name": r.name, "messages": r.messages if not r.skipped else "",
-                 "MB": f"{r.bytes / 2**20:.1f}" if not r.skipped else "",
-                 "seconds": f"{r.seconds:.3f}" if not r.skipped else "",
-                 "msgs/s": f"{r.msgs_per_sec:,.0f}" if not r.skipped else "",
-                 "MB/s": f"{r.mb_per_sec:,.1f}" if not r.skipped else "",
-                 "status": f"skipped: {r.skipped}" if r.skipped else f"median of {len(r.runs)}"}
-                for r in results]
-        render.write_rows(rows, out, COLUMNS, title="rmqstore bench")
-    else:
-        render.write_rows([r.as_dict() for r in results if not r.skipped], out, COLUMNS)
+        out.rows(results(), COLUMNS, title=f"rmqstore bench (median of {opts.runs} runs)",
+                 cells=CELLS)
 
 
 @bench_app.callback()
@@ -100,15 +94,17 @@ def bench(
     segment_mb: Optional[int] = SEGMENT_MB,
     lookups: Optional[int] = LOOKUPS,
     append_mode: Optional[AppendMode] = APPEND_MODE,
-    fmt: Optional[Format] = FORMAT,
+    fmt: Optional[Format] = FormatOption,
+    no_pager: bool = NoPagerOption,
 ) -> None:
     ctx.obj = {"size_mb": size_mb, "body_size": body_size, "runs": runs, "dir": directory,
-               "segment_mb": segment_mb, "lookups": lookups, "append_mode": append_mode, "fmt": fmt}
+               "segment_mb": segment_mb, "lookups": lookups, "append_mode": append_mode,
+               "fmt": fmt, "no_pager": no_pager}
     if ctx.invoked_subcommand is None:
         from rmqstore.bench import BENCHMARKS
 
-        opts, fmt = _opts(ctx)
-        _run(BENCHMARKS, opts, fmt)
+        opts, output = _opts(ctx)
+        _run(BENCHMARKS, opts, output)
 
 
 def _command(name: str, doc: str):
@@ -122,13 +118,15 @@ def _command(name: str, doc: str):
         segment_mb: Optional[int] = SEGMENT_MB,
         lookups: Optional[int] = LOOKUPS,
         append_mode: Optional[AppendMode] = APPEND_MODE,
-        fmt: Optional[Format] = FORMAT,
+        fmt: Optional[Format] = FormatOption,
+        no_pager: bool = NoPagerOption,
     ) -> None:
         from rmqstore.bench import BENCHMARKS
 
-        opts, out = _opts(ctx, size_mb=size_mb, body_size=body_size, runs=runs, dir=directory,
-                          segment_mb=segment_mb, lookups=lookups, append_mode=append_mode, fmt=fmt)
-        _run(BENCHMARKS if name == "all" else (name,), opts, out)
+        opts, output = _opts(ctx, size_mb=size_mb, body_size=body_size, runs=runs,
+                             dir=directory, segment_mb=segment_mb, lookups=lookups,
+                             append_mode=append_mode, fmt=fmt, no_pager=no_pager or None)
+        _run(BENCHMARKS if name == "all" else (name,), opts, output)
 
     command.__doc__ = doc
     command.__name__ = f"bench_{name.replace('-', '_')}"

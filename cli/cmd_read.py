@@ -7,13 +7,15 @@ from typing import Optional
 
 import typer
 
-from cli.common import (BodyMode, ConfigOption, Format, FormatOption, app, fail,
-                        handles_errors, parse_time, resolve_format)
-from cli import render
+from cli.common import BodyMode, ConfigOption, app, fail, handles_errors, parse_time
+from cli.output import Format, Output, output_options
 
 MESSAGE_COLUMNS = ("commitLogOffset", "storeSize", "topic", "queueId", "queueOffset",
                    "storeTimestamp", "tags", "keys", "uniqKey", "body")
 UNIT_COLUMNS = ("queueOffset", "commitLogOffset", "size", "tagsCode")
+# Tables show KEYS tokens as the property holds them, space-separated (a token has no space).
+MESSAGE_CELLS = {"keys": " ".join}
+ENTRY_COLUMNS = ("entry", "slot", "keyHash", "phyOffset", "timeDiff", "prevIndex")
 
 
 def _message_rows(messages, body: str):
@@ -36,11 +38,18 @@ def _body_mode(body: Optional[BodyMode], fmt: Format) -> str:
     return "text" if fmt is Format.table else "base64"
 
 
+def _messages(out: Output, rows) -> int:
+    from rmqstore.view import MESSAGE_FIELDS
+
+    return out.rows(rows, MESSAGE_COLUMNS, fields=MESSAGE_FIELDS, times=("storeTimestamp",),
+                    cells=MESSAGE_CELLS)
+
+
 @app.command()
 @handles_errors
+@output_options
 def dump(
     path: Path = typer.Argument(..., help="A store root, a CommitLog segment file, a ConsumeQueue folder or file, an IndexFile, or the checkpoint."),
-    fmt: Optional[Format] = FormatOption,
     topic: Optional[str] = typer.Option(None, "--topic", "-t", help="Only messages (or queues) of this topic."),
     queue_id: Optional[int] = typer.Option(None, "--queue-id", "-q", help="Only this queue id."),
     from_offset: Optional[int] = typer.Option(None, "--from-offset", help="Only records at or after this CommitLog offset (queue offset for a ConsumeQueue)."),
@@ -50,22 +59,22 @@ def dump(
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=0, help="Stop after this many rows."),
     body: Optional[BodyMode] = typer.Option(None, "--body", help="How to print bodies: base64 (JSON default, lossless), text (table default), hex, none."),
     config: Optional[Path] = ConfigOption,
+    *, out: Output,
 ) -> None:
     """Print what a store or store file holds: messages in physical order, ConsumeQueue
     units, IndexFile entries, or the checkpoint. The kind of PATH is recognised from
     where it sits."""
     from rmqstore.reader import classify, open_segment_file, open_store
 
-    out = resolve_format(fmt)
     kind = classify(path)
     t_since, t_until = parse_time(since, "--since"), parse_time(until, "--until")
     if kind.kind in ("store", "commitlog-segment"):
         reader = open_store(path, config) if kind.kind == "store" else open_segment_file(path, config)
         with reader:
-            rows = reader.message_dicts(_body_mode(body, out), topic=topic, queue_id=queue_id,
-                                        from_offset=from_offset, to_offset=to_offset,
-                                        since=t_since, until=t_until, limit=limit)
-            render.write_rows(rows, out, MESSAGE_COLUMNS, time_columns=("storeTimestamp",))
+            _messages(out, reader.message_dicts(_body_mode(body, out.fmt), topic=topic,
+                                                queue_id=queue_id, from_offset=from_offset,
+                                                to_offset=to_offset, since=t_since,
+                                                until=t_until, limit=limit))
         return
     if kind.kind in ("consumequeue-dir", "consumequeue-file"):
         from rmqstore.consumequeue import ConsumeQueue
@@ -82,7 +91,7 @@ def dump(
                 units = (u for u in units if first <= u.queue_offset < last)
             rows = (unit_dict(*u) for u in units
                     if to_offset is None or u.queue_offset < to_offset)
-            render.write_rows(_limited(rows, limit), out, UNIT_COLUMNS)
+            out.rows(_limited(rows, limit), UNIT_COLUMNS)
         return
     if kind.kind == "indexfile":
         from rmqstore.index import IndexFile, infer_index_geometry
@@ -98,39 +107,41 @@ def dump(
                       "beginPhyOffset": h.begin_phy_offset, "endPhyOffset": h.end_phy_offset,
                       "hashSlotCount": h.hash_slot_count, "indexCount": h.index_count,
                       "hashSlotNum": geometry.hash_slot_num, "indexNum": geometry.index_num}
-            e = f.used_entries
-            rows = [{"entry": i + 1, "slot": int(kh) % geometry.hash_slot_num, "keyHash": int(kh),
-                     "phyOffset": int(po), "timeDiff": int(td), "prevIndex": int(pv)}
-                    for i, (kh, po, td, pv) in enumerate(zip(e["key_hash"], e["phy_offset"],
-                                                             e["time_diff"], e["prev_index"]))]
-            rows = list(_limited(rows, limit))
+            out.record(header, title=f"IndexFile {path}", key="header", items=False,
+                       times=("beginTimestamp", "endTimestamp"))
+            out.rows(_limited(_entries(f.used_entries, geometry.hash_slot_num), limit),
+                     ENTRY_COLUMNS, key="entries")
         finally:
             f.close()
-        if out is Format.table:
-            render.write_kv(header, out, title=f"IndexFile {path}",
-                            time_keys=("beginTimestamp", "endTimestamp"))
-            render.write_rows(rows, out, ("entry", "slot", "keyHash", "phyOffset", "timeDiff", "prevIndex"))
-        elif out is Format.jsonl:
-            render.write_jsonl(rows)
-        else:
-            render.write_json({"header": header, "entries": rows})
         return
     if kind.kind == "checkpoint":
         from rmqstore.checkpoint import read_checkpoint
 
         cp = read_checkpoint(kind.path)
-        render.write_kv({"physicMsgTimestamp": cp.physic_msg_timestamp,
-                         "logicsMsgTimestamp": cp.logics_msg_timestamp,
-                         "indexMsgTimestamp": cp.index_msg_timestamp,
-                         "masterFlushedOffset": cp.master_flushed_offset,
-                         "confirmPhyOffset": cp.confirm_phy_offset}, out, title="checkpoint",
-                        time_keys=("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp"))
+        out.record({"physicMsgTimestamp": cp.physic_msg_timestamp,
+                    "logicsMsgTimestamp": cp.logics_msg_timestamp,
+                    "indexMsgTimestamp": cp.index_msg_timestamp,
+                    "masterFlushedOffset": cp.master_flushed_offset,
+                    "confirmPhyOffset": cp.confirm_phy_offset}, title="checkpoint",
+                   times=("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp"))
         return
     raise fail(f"{path}: cannot dump a {kind.kind}")
 
 
+def _entries(e, slots: int):
+    """IndexFile entries as rows, a chunk of the arrays at a time."""
+    for start in range(0, len(e), 65536):
+        c = e[start:start + 65536]
+        for i, kh, po, td, pv in zip(range(start + 1, start + 1 + len(c)), c["key_hash"].tolist(),
+                                     c["phy_offset"].tolist(), c["time_diff"].tolist(),
+                                     c["prev_index"].tolist()):
+            yield {"entry": i, "slot": kh % slots, "keyHash": kh, "phyOffset": po,
+                   "timeDiff": td, "prevIndex": pv}
+
+
 @app.command()
 @handles_errors
+@output_options
 def get(
     store: Path = typer.Argument(..., help="The store root."),
     offset: Optional[int] = typer.Option(None, "--offset", help="CommitLog physical offset of the record."),
@@ -139,14 +150,15 @@ def get(
     queue_id: Optional[int] = typer.Option(None, "--queue-id", "-q", help="Queue id, with --topic and --queue-offset."),
     queue_offset: Optional[int] = typer.Option(None, "--queue-offset", help="Queue offset, with --topic and --queue-id."),
     uniq_key: Optional[str] = typer.Option(None, "--uniq-key", help="UNIQ_KEY (client message id), with --topic."),
-    fmt: Optional[Format] = FormatOption,
     body: Optional[BodyMode] = typer.Option(None, "--body", help="How to print the body: base64 (JSON default), text (table default), hex, none."),
     config: Optional[Path] = ConfigOption,
+    *, out: Output,
 ) -> None:
-    """Print one message, found by offset, offsetMsgId, queue position, or UNIQ_KEY.
-    Exit 1 when nothing matches."""
+    """Print one message, found by offset, offsetMsgId, queue position, or UNIQ_KEY
+    (-f json: an object; with --uniq-key, an array of every match). Exit 1 when nothing
+    matches."""
     from rmqstore.reader import open_store
-    from rmqstore.view import message_dict
+    from rmqstore.view import MESSAGE_FIELDS, message_dict
 
     ways = [offset is not None, msg_id is not None,
             queue_offset is not None or (queue_id is not None and uniq_key is None),
@@ -157,7 +169,6 @@ def get(
         raise fail("--topic is required with --queue-offset or --uniq-key")
     if ways[2] and (queue_id is None or queue_offset is None):
         raise fail("--queue-id and --queue-offset go together")
-    out = resolve_format(fmt)
     with open_store(store, config) as reader:
         if offset is not None:
             msgs = [reader.read_at(offset)]
@@ -169,19 +180,17 @@ def get(
             msgs = reader.get_by_uniq_key(topic, uniq_key)
         if not msgs:
             raise fail("no message matches", 1)
-        mode = _body_mode(body, out)
-        rows = [message_dict(m, mode) for m in msgs]
-        if out is Format.table:
-            for r in rows:
-                render.write_kv(r, out, time_keys=("bornTimestamp", "storeTimestamp"))
-        elif out is Format.json and len(rows) == 1:
-            render.write_json(rows[0])
-        else:
-            render.write_rows(rows, out, MESSAGE_COLUMNS)
+        rows = [message_dict(m, _body_mode(body, out.fmt)) for m in msgs]
+    times = ("bornTimestamp", "storeTimestamp")
+    if uniq_key is None:
+        out.record(rows[0], fields=MESSAGE_FIELDS, times=times, cells=MESSAGE_CELLS)
+    else:
+        out.rows(rows, fields=MESSAGE_FIELDS, times=times, cells=MESSAGE_CELLS, vertical=True)
 
 
 @app.command("query-key")
 @handles_errors
+@output_options
 def query_key(
     store: Path = typer.Argument(..., help="The store root."),
     topic: str = typer.Option(..., "--topic", "-t", help="Topic the key was sent with."),
@@ -189,58 +198,53 @@ def query_key(
     max_num: Optional[int] = typer.Option(None, "--max-num", min=1, help="Most hits to collect (the broker caps it at maxMsgsNumBatch, 64)."),
     begin: Optional[str] = typer.Option(None, "--begin", help="Earliest store time (epoch ms or ISO-8601)."),
     end: Optional[str] = typer.Option(None, "--end", help="Latest store time (epoch ms or ISO-8601)."),
-    fmt: Optional[Format] = FormatOption,
     body: Optional[BodyMode] = typer.Option(None, "--body", help="How to print bodies: base64 (JSON default), text (table default), hex, none."),
     config: Optional[Path] = ConfigOption,
+    *, out: Output,
 ) -> None:
     """Find messages by key through the IndexFiles, walking them as the broker does, then
     keep only records whose KEYS or UNIQ_KEY really equal the key. Exit 1 when none."""
     from rmqstore.reader import open_store
 
-    out = resolve_format(fmt)
     b = parse_time(begin, "--begin")
     e = parse_time(end, "--end")
     with open_store(store, config) as reader:
         msgs = reader.query_key(topic, key, max_num, 0 if b is None else b,
                                 2**63 - 1 if e is None else e)
-        render.write_rows(_message_rows(msgs, _body_mode(body, out)), out, MESSAGE_COLUMNS,
-                          time_columns=("storeTimestamp",))
-    if not msgs:
+        found = _messages(out, _message_rows(msgs, _body_mode(body, out.fmt)))
+    if not found:
         raise typer.Exit(1)
+
+
+QUEUE_COLUMNS = ("topic", "queueId", "messages", "bytes", "minQueueOffset", "maxQueueOffset",
+                 "cqMinOffset", "cqMaxOffset", "firstStoreTime", "lastStoreTime")
+INDEX_COLUMNS = ("name", "entries", "hashSlotCount", "beginTimestamp", "endTimestamp",
+                 "beginPhyOffset", "endPhyOffset")
 
 
 @app.command()
 @handles_errors
+@output_options
 def stats(
     store: Path = typer.Argument(..., help="The store root."),
-    fmt: Optional[Format] = FormatOption,
     config: Optional[Path] = ConfigOption,
+    *, out: Output,
 ) -> None:
     """Per topic/queue message counts, queue offsets, bytes and store times (from the
     CommitLog, next to the ConsumeQueue's own min/max), the CommitLog's extent, the
-    IndexFiles and the checkpoint."""
+    IndexFiles and the checkpoint. jsonl, csv and tsv: one row per queue; json: all of it."""
     from rmqstore.reader import open_store
     from rmqstore.stats import store_stats
 
-    out = resolve_format(fmt)
     with open_store(store, config) as reader:
         s = store_stats(reader, conf=config)
-    if out is Format.json:
-        render.write_json(s)
-        return
-    if out is Format.jsonl:
-        render.write_jsonl([s])  # one object, on one line
-        return
     cl = s["commitLog"]
-    render.write_kv({"store": s["store"], "minOffset": cl["minOffset"], "maxOffset": cl["maxOffset"],
-                     "messages": cl["messages"], "bytes": cl["bytes"], "segments": cl["segments"],
-                     "segmentSize": cl["segmentSize"], "endReason": cl["endReason"],
-                     "abortFile": s["abortFile"]}, out, title="CommitLog")
-    render.write_rows(s["queues"], out, ("topic", "queueId", "messages", "bytes", "minQueueOffset",
-                                          "maxQueueOffset", "cqMinOffset", "cqMaxOffset",
-                                          "firstStoreTime", "lastStoreTime"),
-                      title="Queues", time_columns=("firstStoreTime", "lastStoreTime"))
+    out.document(s)
+    out.record({"store": s["store"], "minOffset": cl["minOffset"], "maxOffset": cl["maxOffset"],
+                "messages": cl["messages"], "bytes": cl["bytes"], "segments": cl["segments"],
+                "segmentSize": cl["segmentSize"], "endReason": cl["endReason"],
+                "abortFile": s["abortFile"]}, title="CommitLog", items=False)
+    out.rows(s["queues"], QUEUE_COLUMNS, title="Queues", times=("firstStoreTime", "lastStoreTime"))
     if s["indexFiles"]:
-        render.write_rows(s["indexFiles"], out, ("name", "entries", "hashSlotCount", "beginTimestamp",
-                                                  "endTimestamp", "beginPhyOffset", "endPhyOffset"),
-                          title="IndexFiles", time_columns=("beginTimestamp", "endTimestamp"))
+        out.rows(s["indexFiles"], INDEX_COLUMNS, title="IndexFiles", items=False,
+                 times=("beginTimestamp", "endTimestamp"))

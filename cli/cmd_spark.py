@@ -11,8 +11,8 @@ from typing import List, Optional
 
 import typer
 
-from cli import render
-from cli.common import ConfigOption, Format, app, fail, handles_errors
+from cli.common import ConfigOption, app, fail, handles_errors
+from cli.output import Output, output_options
 from rmqstore.errors import EXIT_PROBLEMS
 
 spark_app = typer.Typer(help="Run export, stats, audit and ConsumeQueue rebuilds on Apache Spark "
@@ -73,15 +73,17 @@ def _check_stores(stores: List[str]) -> List[str]:
 
 @spark_app.command("export")
 @handles_errors
+@output_options
 def export(
     stores: List[str] = typer.Argument(..., help="Store roots (local paths or hdfs://, s3a:// ... URIs)."),
-    out: str = typer.Option(..., "--out", "-o", help="Output directory for the Parquet dataset (must be new or empty)."),
+    out_dir: str = typer.Option(..., "--out", "-o", help="Output directory for the Parquet dataset (must be new or empty)."),
     partition_by: Optional[str] = typer.Option(None, "--partition-by", help="Partition the dataset by this column: topic."),
     body: bool = typer.Option(True, "--body/--no-body", help="Include message bodies (binary column)."),
     writer: str = typer.Option("pyarrow", "--writer", help="pyarrow (tasks write Parquet, faster) or spark (Spark's writer)."),
     master: str = MasterOption,
     conf: Optional[List[str]] = ConfOption,
     split_size: str = SplitSizeOption,
+    *, out: Output,
 ) -> None:
     """Every valid CommitLog record of the stores as one Parquet dataset: the message JSON
     fields as typed columns, plus store and crcOk (see docs/pipeline.md)."""
@@ -91,24 +93,32 @@ def export(
         raise fail("--writer must be pyarrow or spark")
     size = _size(split_size)
     jobs, spark, progress = _session(master, conf)
-    r = jobs.export(spark, _check_stores(stores), out, split_size=size, partition_by=partition_by,
+    r = jobs.export(spark, _check_stores(stores), out_dir, split_size=size, partition_by=partition_by,
                     body=body, writer=writer, progress=progress)
     progress("done")
-    render.write_kv({"out": r.out, "records": r.records, "splits": r.splits, "files": len(r.files),
-                     "rereadSplits": r.reread}, Format.table if sys.stdout.isatty() else Format.json)
+    out.record({"out": r.out, "records": r.records, "splits": r.splits, "files": len(r.files),
+                "rereadSplits": r.reread}, title="spark export")
+
+
+QUEUE_COLUMNS = ("store", "topic", "queueId", "messages", "bytes", "minQueueOffset",
+                 "maxQueueOffset", "firstStoreTime", "lastStoreTime")
+FINDING_COLUMNS = ("store", "topic", "queueId", "queueOffset", "kind", "expectedOffset",
+                   "actualOffset", "detail")
 
 
 @spark_app.command("stats")
 @handles_errors
+@output_options
 def stats(
     stores: List[str] = typer.Argument(..., help="Store roots."),
-    fmt: Format = typer.Option(Format.table, "--format", "-f", help="table or json."),
     master: str = MasterOption,
     conf: Optional[List[str]] = ConfOption,
     split_size: str = SplitSizeOption,
+    *, out: Output,
 ) -> None:
     """Per store/topic/queue: messages, bytes, min/max queue offset, first/last store time
-    -- the same numbers as ``rmqstore stats``."""
+    -- the same numbers as ``rmqstore stats``. jsonl, csv and tsv: one row per queue;
+    json: the queues and each store's CommitLog end."""
     size = _size(split_size)
     jobs, spark, progress = _session(master, conf)
     r = jobs.stats(spark, _check_stores(stores), split_size=size, progress=progress)
@@ -117,63 +127,56 @@ def stats(
              "minQueueOffset": q.min_queue_offset, "maxQueueOffset": q.max_queue_offset,
              "firstStoreTime": q.first_store_timestamp, "lastStoreTime": q.last_store_timestamp}
             for s, qs in r.stats.items() for q in qs]
-    if fmt is not Format.table:
-        render.write_json({"queues": rows, "commitLog": {
-            s: {"minOffset": e.min_offset, "endOffset": e.end_offset, "endReason": e.reason}
-            for s, e in r.ends.items()}})
-        return
-    render.write_rows(rows, Format.table, ("store", "topic", "queueId", "messages", "bytes",
-                                           "minQueueOffset", "maxQueueOffset", "firstStoreTime",
-                                           "lastStoreTime"),
-                      title="Queues", time_columns=("firstStoreTime", "lastStoreTime"))
+    out.rows(rows, QUEUE_COLUMNS, key="queues", title="Queues",
+             times=("firstStoreTime", "lastStoreTime"))
+    out.record({s: {"minOffset": e.min_offset, "endOffset": e.end_offset, "endReason": e.reason}
+                for s, e in r.ends.items()}, key="commitLog", items=False, table=False)
 
 
 @spark_app.command("audit")
 @handles_errors
+@output_options
 def audit(
     stores: List[str] = typer.Argument(..., help="Store roots (local paths)."),
-    fmt: Format = typer.Option(Format.table, "--format", "-f", help="table, json or jsonl."),
     master: str = MasterOption,
     conf: Optional[List[str]] = ConfOption,
     split_size: str = SplitSizeOption,
+    *, out: Output,
 ) -> None:
     """Compare every ConsumeQueue unit with what the CommitLog implies: missing, extra,
-    beyond-end, mismatch (offset/size/tagsCode), hole, duplicate. Exit 1 when any."""
+    beyond-end, mismatch (offset/size/tagsCode), hole, duplicate. Exit 1 when any.
+    jsonl, csv and tsv: one row per finding; json: findings, info and the queue count."""
     size = _size(split_size)
     jobs, spark, progress = _session(master, conf)
     r = jobs.audit(spark, _check_stores(stores), split_size=size, progress=progress)
     progress("done")
-    if fmt is Format.jsonl:
-        render.write_jsonl(r.findings)
-    elif fmt is Format.json:
-        render.write_json({"findings": r.findings, "info": r.info, "queues": r.queues})
-    else:
-        render.write_rows(r.findings, Format.table, ("store", "topic", "queueId", "queueOffset", "kind",
-                                                     "expectedOffset", "actualOffset", "detail"),
-                          title=f"Findings ({len(r.findings)} in {r.queues} queues)")
-        if r.info:
-            render.write_kv(r.info, Format.table, title="Not errors")
+    out.rows(r.findings, FINDING_COLUMNS, key="findings", prose=("detail",),
+             title=f"Findings ({len(r.findings)} in {r.queues} queues)")
+    out.record(r.info, key="info", items=False, table=bool(r.info), title="Not errors")
+    out.record({"queues": r.queues}, items=False, table=False)
     if r.findings:
         raise typer.Exit(EXIT_PROBLEMS)
 
 
 @spark_app.command("rebuild-cq")
 @handles_errors
+@output_options
 def rebuild_cq(
     store: str = typer.Argument(..., help="The store root (local path)."),
-    out: str = typer.Option(..., "--out", "-o", help="New directory that receives a whole consumequeue/ tree."),
+    out_dir: str = typer.Option(..., "--out", "-o", help="New directory that receives a whole consumequeue/ tree."),
     config: Optional[Path] = ConfigOption,
     master: str = MasterOption,
     conf: Optional[List[str]] = ConfOption,
     split_size: str = SplitSizeOption,
+    *, out: Output,
 ) -> None:
     """Rebuild every ConsumeQueue of STORE from its CommitLog into OUT/{topic}/{queueId}/,
     byte-identical to what the broker's dispatch writes. The store is not modified."""
     size = _size(split_size)
     jobs, spark, progress = _session(master, conf)
-    r = jobs.rebuild_cq(spark, _check_stores([store])[0], out, split_size=size, conf=config,
+    r = jobs.rebuild_cq(spark, _check_stores([store])[0], out_dir, split_size=size, conf=config,
                         progress=progress)
     progress("done")
-    render.write_kv({"out": r.out, "queues": r.queues, "units": r.units,
-                     "commitLogEnd": r.end.end_offset, "endReason": r.end.reason},
-                    Format.table if sys.stdout.isatty() else Format.json)
+    out.record({"out": r.out, "queues": r.queues, "units": r.units,
+                "commitLogEnd": r.end.end_offset, "endReason": r.end.reason},
+               title="spark rebuild-cq")

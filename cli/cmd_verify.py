@@ -12,8 +12,8 @@ from typing import Optional
 
 import typer
 
-from cli import render
-from cli.common import ConfigOption, Format, FormatOption, app, fail, handles_errors, resolve_format
+from cli.common import ConfigOption, app, fail, handles_errors
+from cli.output import Output, output_options
 from rmqstore.errors import EXIT_OK, EXIT_PROBLEMS, EXIT_UNUSABLE
 
 FINDING_COLUMNS = ("severity", "code", "file", "offset", "explanation")
@@ -56,57 +56,55 @@ class _Null:
 
 @app.command()
 @handles_errors
+@output_options
 def verify(
     store: Path = typer.Argument(..., help="The store root."),
     deep: bool = typer.Option(False, "--deep", help="Also look up every key of every message in the IndexFiles, and explain every entry."),
-    fmt: Optional[Format] = FormatOption,
     config: Optional[Path] = ConfigOption,
+    *, out: Output,
 ) -> None:
     """Check CommitLog, ConsumeQueues, IndexFiles, checkpoint and abort file; read-only.
+    jsonl, csv and tsv: one row per finding; json: the summary and the findings.
 
     Exit 0: clean (only notes); 1: problems found; 2: not a usable store."""
     from rmqstore.verify import verify as run
 
-    out = resolve_format(fmt)
     cfg = _config(store, config)
     cb, ctx = _progress("verify")
     with ctx:
         report = run(cfg.root, deep=deep, config=cfg, progress=cb)
-    rows = [f.as_dict() for f in report.findings]
-    if out is Format.json:
-        render.write_json({**report.summary(), "findings": rows})
-    elif out is Format.jsonl:
-        render.write_jsonl(rows)
-    else:
-        s = report.summary()
-        render.write_rows(rows, out, FINDING_COLUMNS,
-                          title=f"{s['store']}: valid up to {s['validUpTo']} ({s['messages']} "
-                                f"messages), {s['errors']} error(s), {s['warnings']} warning(s)")
+    s = report.summary()
+    out.record(s, items=False, table=False)
+    out.rows([f.as_dict() for f in report.findings], FINDING_COLUMNS, key="findings",
+             prose=("explanation",),
+             title=f"{s['store']}: valid up to {s['validUpTo']} ({s['messages']} "
+                   f"messages), {s['errors']} error(s), {s['warnings']} warning(s)")
     raise typer.Exit(EXIT_OK if report.ok else EXIT_PROBLEMS)
 
 
 @app.command()
 @handles_errors
+@output_options
 def repair(
     store: Path = typer.Argument(..., help="The store root."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the steps; change nothing."),
     backup: Optional[Path] = typer.Option(None, "--backup", help="Where to save every byte changed (default: STORE.rmqstore-backup-<time>, beside the store)."),
     no_backup: bool = typer.Option(False, "--no-backup", help="Do not save what is changed."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-    fmt: Optional[Format] = FormatOption,
     config: Optional[Path] = ConfigOption,
+    *, out: Output,
 ) -> None:
     """Do what a broker's recovery would do, offline: cut the CommitLog after the last valid
     record, fix ConsumeQueues and IndexFiles to match, rewrite the checkpoint, remove abort.
 
     The steps are printed first. Without --yes it asks on a terminal and refuses (exit 2)
-    otherwise. Refuses while a broker holds the store lock."""
+    otherwise. Refuses while a broker holds the store lock. jsonl, csv and tsv: one row
+    per step; json: one document with the plan and, after a repair, its result."""
     from rmqstore.checkpoint import is_locked
     from rmqstore.recovery import default_backup_dir, plan_repair, repair as run
 
     if backup is not None and no_backup:
         raise fail("--backup and --no-backup exclude each other")
-    out = resolve_format(fmt)
     cfg = _config(store, config)
     if not dry_run and is_locked(cfg.root):
         raise fail(f"{cfg.root / 'lock'}: the store is locked by another process (a running "
@@ -114,8 +112,7 @@ def repair(
     plan = plan_repair(cfg.root, config=cfg)
     _show_steps(plan, out)
     if not plan.steps:
-        if out is Format.table:
-            typer.echo(f"nothing to repair: {plan.store} is consistent")
+        out.line(f"nothing to repair: {plan.store} is consistent")
         raise typer.Exit(EXIT_OK)
     if dry_run:
         raise typer.Exit(EXIT_PROBLEMS)
@@ -124,6 +121,7 @@ def repair(
             raise fail("repair changes the store: pass --yes to confirm (stdin is not a "
                        "terminal, so there is no one to ask)", EXIT_UNUSABLE)
         where = "no backup" if no_backup else f"backup in {backup or default_backup_dir(cfg.root)}"
+        out.pause()
         if not typer.confirm(f"Apply {len(plan.steps)} step(s) to {cfg.root} ({where})?",
                              err=True):
             raise fail("not confirmed; nothing changed", EXIT_UNUSABLE)
@@ -131,43 +129,40 @@ def repair(
     summary = {"store": str(cfg.root), "steps": len(result.plan.steps),
                "executed": result.executed, "backup": result.backup_dir,
                "seconds": round(result.seconds, 3)}
-    if out is Format.table:
-        typer.echo(f"repaired {cfg.root}: {summary['steps']} step(s)"
-                   + (f", backup in {result.backup_dir}" if result.backup_dir else ""), err=True)
+    out.record(summary, key="result", items=False, table=False)
+    out.warn(f"repaired {cfg.root}: {summary['steps']} step(s)"
+             + (f", backup in {result.backup_dir}" if result.backup_dir else ""))
+
+
+def _show_steps(plan, out: Output) -> None:
+    out.record({"store": plan.store}, items=False, table=False)
+    if plan.steps:
+        out.rows([s.as_dict() for s in plan.steps], STEP_COLUMNS, key="steps",
+                 title=f"repair plan for {plan.store}", prose=("explanation",))
     else:
-        render.write_jsonl([{"result": summary}]) if out is Format.jsonl else render.write_json(summary)
-
-
-def _show_steps(plan, out: Format) -> None:
-    rows = [s.as_dict() for s in plan.steps]
-    if out is Format.jsonl:
-        render.write_jsonl(rows)
-    elif out is Format.json:
-        render.write_json({"store": plan.store, "steps": rows,
-                           "unfixed": [{"code": f.code, "file": f.file, "why": why}
-                                       for f, why in plan.unfixed]})
-    elif rows:
-        render.write_rows(rows, out, STEP_COLUMNS, title=f"repair plan for {plan.store}")
-        for f, why in plan.unfixed:
-            typer.echo(f"not repaired: {f.code} {f.file or ''}: {why}", err=True)
+        out.rows([], STEP_COLUMNS, key="steps", table=False)
+    unfixed = [{"code": f.code, "file": f.file, "why": why} for f, why in plan.unfixed]
+    out.rows(unfixed, ("code", "file", "why"), key="unfixed", items=False, table=False)
+    for u in unfixed:
+        out.warn(f"not repaired: {u['code']} {u['file'] or ''}: {u['why']}")
 
 
 @app.command()
 @handles_errors
+@output_options
 def rebuild(
     store: Path = typer.Argument(..., help="The store root."),
     consumequeue: bool = typer.Option(False, "--consumequeue", help="Rebuild ConsumeQueues."),
     index: bool = typer.Option(False, "--index", help="Rebuild IndexFiles."),
     from_offset: Optional[int] = typer.Option(None, "--from-offset", min=0, help="Re-dispatch only records at or after this CommitLog offset."),
-    fmt: Optional[Format] = FormatOption,
     config: Optional[Path] = ConfigOption,
+    *, out: Output,
 ) -> None:
     """Re-dispatch ConsumeQueues and/or IndexFiles from the CommitLog (neither flag: both).
 
     New files are written beside the old ones and swapped in by rename."""
     from rmqstore.rebuild import rebuild as run
 
-    out = resolve_format(fmt)
     cfg = _config(store, config)
     if not consumequeue and not index:
         consumequeue = index = True
@@ -183,4 +178,4 @@ def rebuild(
     row = {"store": str(cfg.root), "messages": r.messages, "bytes": r.bytes, "units": r.units,
            "indexEntries": r.index_entries, "validUpTo": r.end, "indexFiles": r.index_files,
            "seconds": round(r.seconds, 3)}
-    render.write_kv(row, out, title="rebuild")
+    out.record(row, title="rebuild")

@@ -1,7 +1,7 @@
-"""What every command shares: the app, error handling, output format, time parsing.
+"""What every command shares: the app, error handling, time parsing.
 
 Commands live in ``cli/cmd_*.py`` modules, each registering on :data:`app`; they parse
-arguments, call the library, and hand results to :mod:`cli.render`. Heavy modules
+arguments, call the library, and hand results to :mod:`cli.output`. Heavy modules
 (pyspark, pyarrow) are imported inside the commands that use them, never here.
 """
 
@@ -16,24 +16,54 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from typer._click.exceptions import NoArgsIsHelpError, UsageError
+from typer.core import TyperGroup
 
+from cli import terminal
 from rmqstore.errors import EXIT_UNUSABLE, RmqStoreError
+
+
+def _one_line(self: UsageError, file=None) -> None:
+    """A usage error as one line, ``rmqstore dump: no such option: --foo (see rmqstore
+    dump -h)``, instead of click's usage block."""
+    path = self.ctx.command_path if self.ctx is not None else "rmqstore"
+    msg = " ".join(self.format_message().replace("Value error, ", "").split()).rstrip(".")
+    msg = msg[:1].lower() + msg[1:]
+    typer.echo(f"{path}: {terminal.clean(msg)} (see {path} -h)", err=True)
+
+
+def _short(e: UsageError) -> UsageError:
+    if not isinstance(e, NoArgsIsHelpError):  # `rmqstore` alone prints the help
+        e.show = _one_line.__get__(e)
+    return e
+
+
+class Group(TyperGroup):
+    """The root command: usage errors anywhere below it print one line (exit 2)."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except UsageError as e:
+            raise _short(e) from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UsageError as e:
+            raise _short(e) from None
+
 
 app = typer.Typer(
     name="rmqstore",
     help="Read, check, repair and rebuild Apache RocketMQ broker stores, offline.",
+    cls=Group,
     no_args_is_help=True,
     add_completion=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-
-class Format(str, enum.Enum):
-    table = "table"
-    json = "json"
-    jsonl = "jsonl"
 
 
 class BodyMode(str, enum.Enum):
@@ -43,20 +73,9 @@ class BodyMode(str, enum.Enum):
     none = "none"
 
 
-def is_terminal() -> bool:
-    return sys.stdout.isatty()
-
-
-def resolve_format(fmt: Optional[Format]) -> Format:
-    """Table on a terminal, JSON Lines when piped, unless the user chose."""
-    if fmt is not None:
-        return fmt
-    return Format.table if is_terminal() else Format.jsonl
-
-
 def fail(message: str, code: int = EXIT_UNUSABLE) -> "typer.Exit":
     """One line on stderr, then exit with ``code``."""
-    typer.echo(f"rmqstore: {message}", err=True)
+    typer.echo(f"rmqstore: {terminal.clean(message)}", err=True)
     return typer.Exit(code)
 
 
@@ -124,4 +143,3 @@ def existing_path(path: Path, what: str = "path") -> Path:
 
 # Options shared by the commands that open a store.
 ConfigOption = typer.Option(None, "--config", "-c", help="broker.conf to take store geometry from (RocketMQ property names).", exists=False)
-FormatOption = typer.Option(None, "--format", "-f", help="Output format: table (default on a terminal), json, or jsonl (default when piped).", case_sensitive=False)

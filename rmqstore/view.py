@@ -18,6 +18,13 @@ from .codec import Host, Message, properties_need_text
 
 BODY_MODES = ("base64", "text", "hex", "none")
 
+#: Every key of the message JSON, in order (the optional ones last): csv columns, docs.
+MESSAGE_FIELDS = ("commitLogOffset", "storeSize", "magic", "bodyCRC", "queueId", "flag",
+                  "queueOffset", "sysFlag", "bornTimestamp", "bornHost", "storeTimestamp",
+                  "storeHost", "reconsumeTimes", "preparedTransactionOffset", "topic",
+                  "properties", "tags", "keys", "uniqKey", "offsetMsgId", "body",
+                  "bodyEncoding", "propertiesText")
+
 
 def encode_body(body: bytes, mode: str) -> str | None:
     if mode == "base64":
