@@ -136,11 +136,8 @@ def repair(
 
 def _show_steps(plan, out: Output) -> None:
     out.record({"store": plan.store}, items=False, table=False)
-    if plan.steps:
-        out.rows([s.as_dict() for s in plan.steps], STEP_COLUMNS, key="steps",
-                 title=f"repair plan for {plan.store}", prose=("explanation",))
-    else:
-        out.rows([], STEP_COLUMNS, key="steps", table=False)
+    out.rows([s.as_dict() for s in plan.steps], STEP_COLUMNS, key="steps", table=bool(plan.steps),
+             title=f"repair plan for {plan.store}", prose=("explanation",))
     unfixed = [{"code": f.code, "file": f.file, "why": why} for f, why in plan.unfixed]
     out.rows(unfixed, ("code", "file", "why"), key="unfixed", items=False, table=False)
     for u in unfixed:
