@@ -13,21 +13,30 @@ from typing import Optional
 import typer
 
 from cli import render
-from cli.common import ConfigOption, Format, FormatOption, app, fail, handles_errors, resolve_format
+from cli.common import (ConfigOption, Format, FormatOption, app, fail, handles_errors,
+                        report_config, resolve_format)
 from rmqstore.errors import EXIT_OK, EXIT_PROBLEMS, EXIT_UNUSABLE
 
 FINDING_COLUMNS = ("severity", "code", "file", "offset", "explanation")
 STEP_COLUMNS = ("action", "path", "offset", "length", "explanation")
 
 
-def _config(store: Path, config: Optional[Path]):
+def _config(store: Path, config: Optional[Path], *writes: str):
+    """The store's settings (:func:`rmqstore.config.load_config`); for a writing command,
+    refused first when it cannot run safely (:func:`rmqstore.storekind.require_writable`),
+    then the notes and warnings printed."""
     from rmqstore.config import load_config
     from rmqstore.reader import classify
+    from rmqstore.storekind import require_writable
 
     kind = classify(store)
     if kind.kind != "store":
         raise fail(f"{store}: is a {kind.kind}, not a store root")
-    return load_config(kind.root, config)
+    cfg = load_config(kind.root, config)
+    for op in writes:
+        require_writable(cfg, op)
+    report_config(cfg)
+    return cfg
 
 
 def _progress(label: str):
@@ -107,7 +116,7 @@ def repair(
     if backup is not None and no_backup:
         raise fail("--backup and --no-backup exclude each other")
     out = resolve_format(fmt)
-    cfg = _config(store, config)
+    cfg = _config(store, config, "repair")
     if not dry_run and is_locked(cfg.root):
         raise fail(f"{cfg.root / 'lock'}: the store is locked by another process (a running "
                    "broker?); stop it first", EXIT_UNUSABLE)
@@ -168,9 +177,10 @@ def rebuild(
     from rmqstore.rebuild import rebuild as run
 
     out = resolve_format(fmt)
-    cfg = _config(store, config)
     if not consumequeue and not index:
         consumequeue = index = True
+    cfg = _config(store, config, *(["rebuild --consumequeue"] if consumequeue else []),
+                  *(["rebuild --index"] if index else []))
     defaults = [k for k in ("mapped_file_size_consume_queue", "max_hash_slot_num")
                 if cfg.sources.get(k) == "default"]
     if defaults and config is None:
