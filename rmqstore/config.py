@@ -66,6 +66,8 @@ _PROPERTY_FIELDS = {
     "brokerVersion": "broker_version",
 }
 _FIELD_PROPERTIES = {v: k for k, v in _PROPERTY_FIELDS.items()}
+#: Dataclass field -> RocketMQ property name, for messages.
+PROPERTY_NAMES = _FIELD_PROPERTIES
 GEOMETRY = ("mapped_file_size_commit_log", "mapped_file_size_consume_queue",
             "max_hash_slot_num", "max_index_num")
 FLUSH_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
@@ -286,6 +288,8 @@ def commitlog_location(root: Path, configured: str | None,
        is absent or one of them; otherwise two CommitLogs compete and nothing is read
        (:class:`ConfigError`). Listed directories that are missing are noted, and writing
        commands refuse: the CommitLog may be incomplete.
+    4. A store being created (``root`` holds no store files yet) keeps its CommitLog in
+       ``root/commitlog`` whatever the broker.conf says.
 
     ``readOnlyCommitLogStorePaths`` that exist are refused (not supported yet); missing
     ones are ignored with a note.
@@ -310,6 +314,13 @@ def commitlog_location(root: Path, configured: str | None,
         return None, notes, blockers
     existing = [p for p in paths if Path(p).is_dir()]
     missing = [p for p in paths if p not in existing]
+    if existing and not any((root / m).exists() for m in ("commitlog", "consumequeue", "index",
+                                                          "checkpoint")):
+        # A store being created: its CommitLog goes under STORE, never into a directory
+        # that may be another (live) store's.
+        notes.append(f"broker.conf storePathCommitLog={','.join(paths)} is not used for a new "
+                     f"store; its CommitLog is {default}")
+        return None, notes, blockers
     if not existing:
         where = (f"the store's own {default} is read" if default.is_dir()
                  else f"{default} does not exist either, so the store has no CommitLog")
@@ -330,194 +341,6 @@ def commitlog_location(root: Path, configured: str | None,
     return ",".join(existing), notes, blockers
 
 
-# --- geometry from the files ---------------------------------------------------------------
-
-
-@dataclass
-class SizeDecision:
-    """The segment size a queue's files show (``ambiguous``: they exist but disagree)."""
-
-    value: int
-    how: str
-    ambiguous: bool
-    example: Path
-    largest: int
-
-
-def segment_size(directories) -> SizeDecision | None:
-    """The segment size the files of ``directories`` show (spec §2), None without files.
-
-    Segment files are created full size, so one size decides it. A short file (a cut
-    tail) does not spoil that when the largest size is shared by two files or equals
-    the step between names; anything else is ambiguous (a guess: the largest size)."""
-    from collections import Counter
-
-    files: list[tuple[int, Path, int]] = []
-    for d in directories:
-        d = Path(d)
-        try:
-            names = list(d.iterdir()) if d.is_dir() else []
-        except OSError:
-            continue
-        for p in names:
-            if SEGMENT_NAME.match(p.name) and p.is_file():
-                try:
-                    files.append((int(p.name), p, p.stat().st_size))
-                except OSError:
-                    continue
-    sized = [(s, p, n) for s, p, n in files if n > 0]
-    if not sized:
-        return None
-    sizes = Counter(n for _, _, n in sized)
-    largest = max(sizes)
-    example = min((s, p) for s, p, n in sized if n == largest)[1]
-    if len(sizes) == 1:
-        return SizeDecision(largest, "segment file size", False, example, largest)
-    starts = sorted({s for s, _, _ in files})
-    steps = [b - a for a, b in zip(starts, starts[1:])]
-    if sizes[largest] >= 2 or (steps and min(steps) == largest):
-        return SizeDecision(largest, "largest segment file size (shorter files are cut short)",
-                            False, example, largest)
-    return SizeDecision(largest, f"segment files have sizes {sorted(sizes)}", True, example, largest)
-
-
-def _queue_dirs(root: Path) -> list[Path]:
-    base = root / "consumequeue"
-    try:
-        return [q for t in base.iterdir() if t.is_dir() for q in t.iterdir() if q.is_dir()] \
-            if base.is_dir() else []
-    except OSError:
-        return []
-
-
-def infer_geometry(root: Path) -> tuple[dict[str, int], dict[str, str]]:
-    """Geometry values the files of ``root`` determine, and a note on each (see
-    :func:`load_config`, which also checks broker.conf values against them)."""
-    cfg = load_config(root)
-    values = {k: getattr(cfg, k) for k in GEOMETRY
-              if cfg.sources.get(k, "").startswith("files") and k not in cfg.undetermined}
-    return values, {k: v for k, v in cfg.sources.items() if k in GEOMETRY}
-
-
-def _round_units(n: int) -> int:
-    return -(-n // L.CQ_UNIT_SIZE) * L.CQ_UNIT_SIZE
-
-
-class _Reconcile:
-    """Geometry for one store: files first, claims (broker.conf, options) checked."""
-
-    def __init__(self, root: Path, claims: dict[str, tuple[object, str]], conf):
-        self.root, self.claims, self.conf = root, claims, conf
-        self.values: dict[str, object] = {}
-        self.sources: dict[str, str] = {}
-        self.undetermined: dict[str, str] = {}
-        self.warnings: list[str] = []
-
-    def _disagree(self, name: str, value, evidence: str) -> ConfigError:
-        _, src = self.claims[name]
-        given = "in broker.conf" if src == "broker.conf" else "given as an option"
-        return ConfigError(f"{_FIELD_PROPERTIES[name]}={value} {given} disagrees with the store: "
-                           f"{evidence}; the files are the truth: fix or drop the setting",
-                           self.conf if src == "broker.conf" else self.root)
-
-    def _claimed(self, name: str):
-        return self.claims[name][0] if name in self.claims else None
-
-    def _use(self, name: str, value, source: str) -> None:
-        self.values[name] = value
-        self.sources[name] = source
-
-    def segments(self, name: str, what: str, directories, effective=lambda n: n) -> None:
-        d = segment_size(directories)
-        claim = self._claimed(name)
-        src = self.claims[name][1] if claim is not None else None
-        if d is None:
-            if claim is not None:
-                self._use(name, claim, src)
-            return
-        if not d.ambiguous:
-            if claim is not None and effective(claim) != d.value:
-                raise self._disagree(name, claim, f"its {what} segment files are {d.value} bytes "
-                                     f"({d.example})")
-            self._use(name, d.value, f"files: {what} {d.how}"
-                      + (f" ({src} agrees)" if claim is not None else ""))
-            return
-        if claim is not None:
-            if effective(claim) < d.largest:
-                raise self._disagree(name, claim, f"{d.example} is {d.largest} bytes, larger "
-                                     "than a segment")
-            self._use(name, claim, f"{src} ({what} files do not decide: {d.how})")
-            return
-        why = f"the {what} files do not determine {_FIELD_PROPERTIES[name]} ({d.how})"
-        self.undetermined[name] = why
-        self.warnings.append(f"{why}; reading with {d.largest}, the largest (pass --config to "
-                             "choose)")
-        self._use(name, d.largest, f"guess: {d.how}")
-
-    def index(self, index_enabled: bool) -> None:
-        from .index_geometry import IndexFiles, entries_for, slots_for
-
-        s_name, n_name = "max_hash_slot_num", "max_index_num"
-        slots, entries = self._claimed(s_name), self._claimed(n_name)
-        view = IndexFiles(self.root / "index")
-        if not view.sizes:
-            for name, v in ((s_name, slots), (n_name, entries)):
-                if v is not None:
-                    self._use(name, v, self.claims[name][1])
-            return
-        if slots is None and entries is None:
-            d = view.decide()
-            if d is not None and not d.ambiguous:
-                self._use(s_name, d.slots, f"files: {d.how}")
-                self._use(n_name, d.entries, f"files: {d.how}")
-                return
-            why = f"the IndexFiles do not determine maxHashSlotNum and maxIndexNum ({d.how})"
-            if index_enabled:
-                self.undetermined[s_name] = self.undetermined[n_name] = why
-                self.warnings.append(f"{why}; key lookups and index checks need --config with "
-                                     "both")
-            self.sources[s_name] = self.sources[n_name] = f"unknown: {d.how}"
-            return
-        size, example = view.size, view.example
-        if size is None:  # files of several sizes: the claim must fit one of them
-            size = max(view.sizes)
-            example = self.root / "index"
-        name = s_name if slots is not None else n_name
-        if slots is not None and entries is not None:
-            if L.index_file_size(slots, entries) != size:
-                raise self._disagree(name, slots if name == s_name else entries,
-                                     f"with {_FIELD_PROPERTIES[s_name]}={slots} and "
-                                     f"{_FIELD_PROPERTIES[n_name]}={entries} an IndexFile is "
-                                     f"{L.index_file_size(slots, entries)} bytes, but {example} "
-                                     f"is {size}")
-            self._use(s_name, slots, self.claims[s_name][1])
-            self._use(n_name, entries, self.claims[n_name][1])
-        elif slots is not None:
-            entries = entries_for(size, slots)
-            if entries is None:
-                raise self._disagree(s_name, slots, f"no maxIndexNum fits it to {example}, "
-                                     f"which is {size} bytes")
-            self._use(s_name, slots, self.claims[s_name][1])
-            self._use(n_name, entries, f"files: IndexFile size with maxHashSlotNum from "
-                                       f"{self.claims[s_name][1]}")
-        else:
-            slots = slots_for(size, entries)
-            if slots is None:
-                raise self._disagree(n_name, entries, f"no maxHashSlotNum fits it to {example}, "
-                                     f"which is {size} bytes")
-            self._use(n_name, entries, self.claims[n_name][1])
-            self._use(s_name, slots, f"files: IndexFile size with maxIndexNum from "
-                                     f"{self.claims[n_name][1]}")
-        if view.size is not None:
-            agree, contra, bad = view.verdicts(slots)
-            if contra and not agree:
-                d = view.decide()
-                if d is not None and not d.ambiguous and d.slots != slots:
-                    raise self._disagree(name, self.values[name],
-                                         f"its IndexFile entries fit maxHashSlotNum={d.slots}, "
-                                         f"maxIndexNum={d.entries} ({d.how}; {bad})")
-
-
 def load_config(root: str | os.PathLike | None = None, conf: str | os.PathLike | None = None,
                 overrides: dict[str, object] | None = None, infer: bool = True) -> StoreConfig:
     """Settings for the store at ``root`` (see the module docstring for the rules).
@@ -528,6 +351,7 @@ def load_config(root: str | os.PathLike | None = None, conf: str | os.PathLike |
     :class:`~rmqstore.errors.UnsupportedStoreError` for a store rmqstore cannot handle.
     ``infer=False`` skips everything that looks at the files (a loose segment file)."""
     from . import storekind
+    from .geometry import Reconcile, queue_dirs, round_units
 
     props = read_broker_conf(conf) if conf else {}
     conf_values = load_broker_conf(conf, props) if conf else {}
@@ -538,7 +362,8 @@ def load_config(root: str | os.PathLike | None = None, conf: str | os.PathLike |
     notes: list[str] = []
     if root is None:
         root = claims.get("store_path_root_dir", (None, ""))[0]
-    elif "store_path_root_dir" in conf_values and not _same_dir(Path(conf_values["store_path_root_dir"]), Path(root)):
+    elif "store_path_root_dir" in conf_values and not _same_dir(
+            Path(conf_values["store_path_root_dir"]), Path(root)):
         notes.append(f"broker.conf storePathRootDir={conf_values['store_path_root_dir']} is not "
                      f"the store given; {root} is read")
     values = {k: v for k, (v, _) in claims.items()}
@@ -554,16 +379,17 @@ def load_config(root: str | os.PathLike | None = None, conf: str | os.PathLike |
     blockers: list[str] = []
     if root is not None and infer:
         rootp = Path(root)
+        features = storekind.detect(rootp, props)
+        storekind.refuse_unsupported(features, rootp)  # before anything else is looked at
         clog, more, blockers = commitlog_location(rootp, values.get("store_path_commit_log"), props)
         notes += more
         values["store_path_commit_log"] = clog
         dirs = [Path(p) for p in clog.split(",")] if clog else [rootp / "commitlog"]
-        features = storekind.detect(rootp, props, dirs)
-        storekind.refuse_unsupported(features, rootp)
-        r = _Reconcile(rootp, claims, conf)
+        features = storekind.detect_in_records(features, dirs)
+        r = Reconcile(rootp, claims, conf)
         r.segments("mapped_file_size_commit_log", "CommitLog", dirs)
-        r.segments("mapped_file_size_consume_queue", "ConsumeQueue", _queue_dirs(rootp),
-                   effective=_round_units)
+        r.segments("mapped_file_size_consume_queue", "ConsumeQueue", queue_dirs(rootp),
+                   effective=round_units)
         r.index(bool(values.get("message_index_enable", True)))
         values.update(r.values)
         sources.update(r.sources)

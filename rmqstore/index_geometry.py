@@ -192,11 +192,11 @@ class IndexFiles:
         self.sizes = sizes
         self.size: int | None = None
         self.facts: list[IndexFacts] = []
-        if sizes:
-            (top, n), *rest = sizes.most_common(2) + [(None, 0)]
-            if not rest or rest[0][1] < n:  # a tie between sizes decides nothing
-                self.size = top
-                self.facts = [f for f in map(_facts, paths) if f and f.size == top]
+        common = sizes.most_common(2)
+        if common and (len(common) == 1 or common[1][1] < common[0][1]):
+            # The most common size is the geometry's; a tie between sizes decides nothing.
+            self.size = common[0][0]
+            self.facts = [f for f in map(_facts, paths) if f and f.size == self.size]
 
     @property
     def example(self) -> Path | None:

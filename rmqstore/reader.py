@@ -38,12 +38,12 @@ class PathKind:
 
 
 def _inside_dledger(p: Path) -> Path | None:
-    """The ``dledger-*`` directory ``p`` is (or lies in, up to two levels down) when that
-    directory sits in a store root: DLedger's data, index and checkpoint files."""
-    from .storekind import dledger_dirs
+    """The ``dledger-*`` directory ``p`` is or lies in (up to two levels down): DLedger's
+    data, index and checkpoint files."""
+    from .storekind import DLEDGER_DIR, dledger_dirs
 
     for d in (p, p.parent, p.parent.parent):
-        if d.parent != d and d in dledger_dirs(d.parent):
+        if DLEDGER_DIR.match(d.name) and d.parent != d and d in dledger_dirs(d.parent):
             return d
     return None
 

@@ -94,17 +94,20 @@ def _entries(d: Path) -> list[str]:
 
 
 _ROCKSDB_FILE = re.compile(r"^(CURRENT|IDENTITY|MANIFEST-\d+|OPTIONS-\d+|\d+\.sst)$")
-_DLEDGER_DIR = re.compile(r"^dledger-.+$")
+DLEDGER_DIR = re.compile(r"^dledger-.+$")
 
 
 def dledger_dirs(root: Path) -> list[Path]:
-    """``dledger-{selfId}`` directories of a store root (DLedger's default data path)."""
-    return [root / n for n in _entries(root) if _DLEDGER_DIR.match(n) and (root / n).is_dir()]
+    """``dledger-{selfId}`` directories of a store root holding DLedger's ``data/`` or
+    ``index/`` (its default paths, fixtures README "DLedger on-disk layout")."""
+    return [root / n for n in _entries(root) if DLEDGER_DIR.match(n)
+            and ((root / n / "data").is_dir() or (root / n / "index").is_dir())]
 
 
-def detect(root: Path | None, props: Mapping[str, str], commit_log_dirs=()) -> list[Detected]:
+def detect(root: Path | None, props: Mapping[str, str]) -> list[Detected]:
     """Every feature of :data:`FEATURES` the store at ``root`` or the broker.conf keys
-    ``props`` show, unsupported ones first."""
+    ``props`` show, unsupported ones first (records are looked at by
+    :func:`detect_in_records`, once the CommitLog is found)."""
     found: list[Detected] = []
 
     def add(key: str, evidence: str) -> None:
@@ -118,10 +121,10 @@ def detect(root: Path | None, props: Mapping[str, str], commit_log_dirs=()) -> l
         add("dledger", "broker.conf storePathDLedgerCommitLog")
     store_type = props.get("storeType", "").strip()
     if store_type and store_type != "default":
-        add("rocksdb-cq", f"broker.conf storeType={store_type}")
+        add("rocksdb-cq", f"broker.conf storeType={_shown(store_type)}")
     plugin = props.get("messageStorePlugIn", "").strip()
     if plugin:
-        add("store-plugin", f"broker.conf messageStorePlugIn={plugin}")
+        add("store-plugin", f"broker.conf messageStorePlugIn={_shown(plugin)}")
     for key in ("tieredBackendServiceProvider", "tieredStoreFilePath"):
         if props.get(key, "").strip():
             add("store-plugin", f"broker.conf {key}")
@@ -133,39 +136,41 @@ def detect(root: Path | None, props: Mapping[str, str], commit_log_dirs=()) -> l
     if _true(props, "enabledAppendPropCRC"):
         add("prop-crc", "broker.conf enabledAppendPropCRC=true")
     if root is not None:
-        _detect_files(Path(root), add, commit_log_dirs)
+        _detect_files(Path(root), add)
     found.sort(key=lambda d: d.feature.status != UNSUPPORTED)
     return found
 
 
-def _detect_files(root: Path, add, commit_log_dirs) -> None:
+def _shown(name: str) -> str:
+    """A name from disk or a setting, safe to print on a terminal (bytes are data)."""
+    return name if name.isprintable() else ascii(name)
+
+
+def _detect_files(root: Path, add) -> None:
     for d in dledger_dirs(root):
         add("dledger", f"{d.name}/")
     cq = root / "consumequeue"
     names = _entries(cq)
     rocks = [n for n in names if _ROCKSDB_FILE.match(n) and (cq / n).is_file()]
     if rocks:
-        add("rocksdb-cq", f"consumequeue/{rocks[0]}")
+        add("rocksdb-cq", f"consumequeue/{_shown(rocks[0])}")
     bcq = _entries(root / "batchconsumequeue")
     if bcq:
-        add("batch-cq", f"batchconsumequeue/{bcq[0]}")
+        add("batch-cq", f"batchconsumequeue/{_shown(bcq[0])}")
     elif _mentions(root / "config" / "topics.json", '"BatchCQ"'):
         add("batch-cq", "config/topics.json queue.type=BatchCQ")
     lmq = [n for n in names if n.startswith("%LMQ%")]
     if lmq:
-        add("lmq", f"consumequeue/{lmq[0]}")
+        add("lmq", f"consumequeue/{_shown(lmq[0])}")
     ext = _entries(root / "consumequeue_ext")
     if ext:
-        add("cq-ext", f"consumequeue_ext/{ext[0]}")
+        add("cq-ext", f"consumequeue_ext/{_shown(ext[0])}")
     timer = [n for n in _entries(root / "timerlog") if _nonempty(root / "timerlog" / n)]
     if timer:
-        add("timer", f"timerlog/{timer[0]}")
+        add("timer", f"timerlog/{_shown(timer[0])}")
     clog = _entries(root / "compaction" / "compactionLog")
     if clog:
-        add("compaction", f"compaction/compactionLog/{clog[0]}")
-    crc = _prop_crc_record(commit_log_dirs)
-    if crc:
-        add("prop-crc", crc)
+        add("compaction", f"compaction/compactionLog/{_shown(clog[0])}")
 
 
 def _nonempty(p: Path) -> bool:
@@ -175,13 +180,22 @@ def _nonempty(p: Path) -> bool:
         return False
 
 
-def _mentions(p: Path, text: str, limit: int = 64 << 20) -> bool:
+def _mentions(p: Path, text: str, limit: int = 8 << 20) -> bool:
+    """Whether a (not huge: it is read on every command) text file contains ``text``."""
     try:
         if not p.is_file() or p.stat().st_size > limit:
             return False
         return text in p.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return False
+
+
+def detect_in_records(found: list[Detected], commit_log_dirs) -> list[Detected]:
+    """``found`` plus what the newest CommitLog record shows (full-record CRCs)."""
+    crc = _prop_crc_record(commit_log_dirs)
+    if crc and not any(d.feature.key == "prop-crc" for d in found):
+        return found + [Detected(FEATURES["prop-crc"], crc)]
+    return found
 
 
 def _prop_crc_record(dirs) -> str | None:
@@ -246,5 +260,5 @@ def require_writable(cfg, operation: str) -> None:
 GEOMETRY_ALL = ("mapped_file_size_commit_log", "mapped_file_size_consume_queue",
                 "max_hash_slot_num", "max_index_num")
 
-__all__ = ["FEATURES", "Feature", "Detected", "detect", "refuse_unsupported",
+__all__ = ["FEATURES", "Feature", "Detected", "detect", "detect_in_records", "refuse_unsupported",
            "require_writable", "dledger_dirs", "UNSUPPORTED", "PARTIAL", "SUPPORTED", "WRITES"]

@@ -453,3 +453,68 @@ def test_plain_4_9_and_5_x_stores_have_no_feature_warnings():
                   _fixture("rocketmq-5.3.3", "crash-recovered")):
         cfg = load_config(store)
         assert cfg.features == [] and cfg.warnings == [] and cfg.undetermined == {}, store
+
+
+def test_a_new_store_never_takes_its_commitlog_from_broker_conf(basic, tmp_path):
+    """append --create with the live broker's broker.conf must not write into its CommitLog."""
+    before = tree_hashes(basic)
+    c = conf(tmp_path, f"storePathCommitLog={basic / 'commitlog'}\n")
+    new = tmp_path / "new"
+    code, _, err = cli("append", new, "--create", "-c", c, "--commitlog-size", "65536",
+                       "--topic", "T", "--body", "x")
+    assert code == 0, err
+    assert "is not used for a new store" in err
+    assert [p.name for p in (new / "commitlog").iterdir()] == ["00000000000000000000"]
+    assert tree_hashes(basic) == before
+
+
+# --- the evidence behind the geometry -------------------------------------------------------
+
+
+@pytest.mark.parametrize("folder", ["rocketmq-4.9.8", "rocketmq-5.3.3"])
+def test_index_entries_agree_with_the_true_slot_count_only(folder):
+    """RocketMQ's own IndexFiles (64 slots, 256 entries): every file with entries agrees
+    with 64 and contradicts the neighbouring counts that give a whole number of entries."""
+    from rmqstore.index_geometry import AGREE, CONTRADICT, IndexFiles, judge
+
+    checked = 0
+    for store in sorted(_fixture(folder).iterdir()):
+        view = IndexFiles(store / "index")
+        for f in view.with_entries:
+            assert judge(f, 64) == AGREE, f.path
+            assert judge(f, 59) == judge(f, 69) == judge(f, 54) == CONTRADICT, f.path
+            checked += 1
+    assert checked >= 20
+
+
+def test_one_damaged_index_file_does_not_hide_the_geometry(non4x, tmp_path):
+    store = copy_store(non4x, tmp_path / "store")
+    victim = sorted((store / "index").iterdir())[1]
+    data = bytearray(victim.read_bytes())
+    data[24:32] = (123456789).to_bytes(8, "big")  # endPhyOffset: no longer its last entry's
+    victim.write_bytes(bytes(data))
+    cfg = load_config(store)
+    assert (cfg.max_hash_slot_num, cfg.max_index_num, cfg.undetermined) == (64, 300, {})
+    code, out, _ = cli("verify", store, "-f", "json")
+    assert code == 1 and "geometry-unknown" not in {f["code"] for f in json.loads(out)["findings"]}
+
+
+def test_commitlog_segments_of_conflicting_sizes_need_config_to_write(basic, tmp_path):
+    segs = sorted((basic / "commitlog").iterdir())
+    for seg in segs[2:]:
+        seg.unlink()
+    for seg, size in zip(segs, (30000, 50000)):  # both cut short: no size is evident
+        with open(seg, "r+b") as f:
+            f.truncate(size)
+    before = tree_hashes(basic)
+    code, out, err = cli("stats", basic, "-f", "json")
+    assert code == 0 and "do not determine mappedFileSizeCommitLog" in err
+    code, _, err = cli("repair", basic, "--dry-run")
+    assert code == 2 and "--config" in _error_line(err)
+    assert tree_hashes(basic) == before
+    c = conf(tmp_path, "mappedFileSizeCommitLog=65536\n")
+    assert load_config(basic, c).sources["mapped_file_size_commit_log"].startswith("broker.conf")
+    assert cli("repair", basic, "--dry-run", "-c", c)[0] == 1  # a plan, from the setting
+    c = conf(tmp_path, "mappedFileSizeCommitLog=40000\n")  # smaller than a file: impossible
+    code, _, err = cli("stats", basic, "-c", c)
+    assert code == 2 and "50000" in _error_line(err)
