@@ -153,14 +153,6 @@ class Reconcile:
             self.sources[s_name] = self.sources[n_name] = f"unknown: {d.how}"
             return
         size, example = view.size, view.example
-        if size is None:  # files of several sizes (some cut short): the claim picks one
-            example = self.root / "index"
-            fits = [n for n in sorted(view.sizes, reverse=True)
-                    if (slots is not None and entries is not None
-                        and L.index_file_size(slots, entries) == n)
-                    or (entries is None and entries_for(n, slots))
-                    or (slots is None and slots_for(n, entries))]
-            size = fits[0] if fits else max(view.sizes)
         name = s_name if slots is not None else n_name
         if slots is not None and entries is not None:
             if L.index_file_size(slots, entries) != size:
@@ -187,14 +179,13 @@ class Reconcile:
             self._use(n_name, entries, self.claims[n_name][1])
             self._use(s_name, slots, f"files: IndexFile size with maxIndexNum from "
                                      f"{self.claims[n_name][1]}")
-        if view.size is not None:
-            agree, contra, bad = view.verdicts(slots)
-            if contra and not agree:
-                d = view.decide()
-                if d is not None and not d.ambiguous and d.slots != slots:
-                    raise self._disagree(name, self.values[name],
-                                         f"its IndexFile entries fit maxHashSlotNum={d.slots}, "
-                                         f"maxIndexNum={d.entries} ({d.how}; {bad})")
+        agree, contra, bad = view.verdicts(slots)
+        if contra and not agree:
+            d = view.decide()
+            if d is not None and not d.ambiguous and d.slots != slots:
+                raise self._disagree(name, self.values[name],
+                                     f"its IndexFile entries fit maxHashSlotNum={d.slots}, "
+                                     f"maxIndexNum={d.entries} ({d.how}; {bad})")
 
 
 __all__ = ["SizeDecision", "segment_size", "queue_dirs", "round_units", "Reconcile"]

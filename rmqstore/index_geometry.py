@@ -190,13 +190,10 @@ class IndexFiles:
             if n > 0:
                 sizes[n] += 1
         self.sizes = sizes
-        self.size: int | None = None
-        self.facts: list[IndexFacts] = []
-        common = sizes.most_common(2)
-        if common and (len(common) == 1 or common[1][1] < common[0][1]):
-            # The most common size is the geometry's; a tie between sizes decides nothing.
-            self.size = common[0][0]
-            self.facts = [f for f in map(_facts, paths) if f and f.size == self.size]
+        # IndexFiles are created full size (spec §7.5), so damage only makes them shorter:
+        # the largest size is the geometry's, and the evidence below must still agree.
+        self.size: int | None = max(sizes) if sizes else None
+        self.facts: list[IndexFacts] = [f for f in map(_facts, paths) if f and f.size == self.size]
 
     @property
     def example(self) -> Path | None:
@@ -224,9 +221,6 @@ class IndexFiles:
         if not self.sizes:
             return None
         size = self.size
-        if size is None:
-            return IndexDecision(None, None, f"IndexFiles have different sizes {sorted(self.sizes)}",
-                                 ambiguous=True)
         assumed, why = assumed_slots(size)
         if assumed is not None:
             # The newest files are checked first: cheap (a few reads each), and a store

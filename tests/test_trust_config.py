@@ -518,3 +518,14 @@ def test_commitlog_segments_of_conflicting_sizes_need_config_to_write(basic, tmp
     c = conf(tmp_path, "mappedFileSizeCommitLog=40000\n")  # smaller than a file: impossible
     code, _, err = cli("stats", basic, "-c", c)
     assert code == 2 and "50000" in _error_line(err)
+
+
+def test_a_cut_index_file_does_not_make_the_geometry_unknown(tmp_path):
+    store = copy_store(_fixture("rocketmq-4.9.8", "crash"), tmp_path / "store")
+    last = sorted((store / "index").iterdir())[-1]
+    with open(last, "r+b") as f:
+        f.truncate(3000)
+    cfg = load_config(store)
+    assert (cfg.max_hash_slot_num, cfg.max_index_num, cfg.undetermined) == (64, 256, {})
+    code, out, _ = cli("repair", store, "--dry-run", "-f", "json")
+    assert code == 1 and any(s["path"] == f"index/{last.name}" for s in json.loads(out)["steps"])
