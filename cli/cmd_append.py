@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from cli.common import ConfigOption, app, fail, handles_errors
+from cli.common import ConfigOption, app, fail, handles_errors, report_config
 from cli.output import Output, output_options
 
 RESULT_FIELDS = ("status", "commitLogOffset", "storeSize", "queueOffset", "offsetMsgId", "reason")
@@ -110,6 +110,11 @@ def append(
                  "max_index_num": index_num, "broker_version": broker_version,
                  "flush_disk_type": flush_disk_type}
     cfg = load_config(store, config, overrides)
+    if store.is_dir():
+        from rmqstore.storekind import require_writable
+
+        require_writable(cfg, "append")
+    report_config(cfg)
     if jsonl is None:
         items = [(None, _flag_message(topic, body, body_file, tags, keys, queue_id, prop, flag))]
         source = "<flags>"

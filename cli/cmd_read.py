@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from cli.common import BodyMode, ConfigOption, app, fail, handles_errors, parse_time
+from cli.common import (BodyMode, ConfigOption, app, fail, handles_errors, parse_time,
+                        report_config)
 from cli.output import Format, Output, output_options
 
 MESSAGE_COLUMNS = ("commitLogOffset", "storeSize", "topic", "queueId", "queueOffset",
@@ -45,6 +46,15 @@ def _messages(out: Output, rows) -> int:
                     cells=MESSAGE_CELLS)
 
 
+def _index_geometry_known(cfg, where) -> None:
+    """Index lookups need the IndexFile geometry: without it, one clear error, first."""
+    from rmqstore.errors import ConfigError
+
+    why = cfg.undetermined.get("max_hash_slot_num")
+    if why:
+        raise ConfigError(f"{why}; pass --config with both", where)
+
+
 @app.command()
 @handles_errors
 @output_options
@@ -66,10 +76,20 @@ def dump(
     where it sits."""
     from rmqstore.reader import classify, open_segment_file, open_store
 
+    from rmqstore.config import load_config
+
     kind = classify(path)
     t_since, t_until = parse_time(since, "--since"), parse_time(until, "--until")
+    # A file inside a store is read with the store's settings, checked like the store's.
+    cfg = load_config(kind.root, config) if kind.root is not None and kind.kind != "store" else None
+    if cfg is not None:
+        if kind.kind == "indexfile":
+            _index_geometry_known(cfg, kind.path)
+        report_config(cfg)
     if kind.kind in ("store", "commitlog-segment"):
         reader = open_store(path, config) if kind.kind == "store" else open_segment_file(path, config)
+        if kind.kind == "store":
+            report_config(reader.config)
         with reader:
             _messages(out, reader.message_dicts(_body_mode(body, out.fmt), topic=topic,
                                                 queue_id=queue_id, from_offset=from_offset,
@@ -78,10 +98,9 @@ def dump(
         return
     if kind.kind in ("consumequeue-dir", "consumequeue-file"):
         from rmqstore.consumequeue import ConsumeQueue
-        from rmqstore.config import load_config
         from rmqstore.view import unit_dict
 
-        cfg = load_config(kind.root, config)
+        cfg = cfg or load_config(kind.root, config)
         qdir = kind.path if kind.kind == "consumequeue-dir" else kind.path.parent
         with ConsumeQueue(qdir, cfg.cq_file_size) as cq:
             units = cq.iter_units(from_offset, placeholders=True)
@@ -95,9 +114,8 @@ def dump(
         return
     if kind.kind == "indexfile":
         from rmqstore.index import IndexFile, infer_index_geometry
-        from rmqstore.config import load_config
 
-        cfg = load_config(kind.root, config)
+        cfg = cfg or load_config(kind.root, config)
         geometry = infer_index_geometry(kind.path.stat().st_size, hash_slot_num=cfg.max_hash_slot_num,
                                         index_num=cfg.max_index_num, path=kind.path)
         f = IndexFile(kind.path, geometry)
@@ -170,6 +188,9 @@ def get(
     if ways[2] and (queue_id is None or queue_offset is None):
         raise fail("--queue-id and --queue-offset go together")
     with open_store(store, config) as reader:
+        if uniq_key is not None:
+            _index_geometry_known(reader.config, reader.config.index_dir)
+        report_config(reader.config)
         if offset is not None:
             msgs = [reader.read_at(offset)]
         elif msg_id is not None:
@@ -209,6 +230,8 @@ def query_key(
     b = parse_time(begin, "--begin")
     e = parse_time(end, "--end")
     with open_store(store, config) as reader:
+        _index_geometry_known(reader.config, reader.config.index_dir)
+        report_config(reader.config)
         msgs = reader.query_key(topic, key, max_num, 0 if b is None else b,
                                 2**63 - 1 if e is None else e)
         found = _messages(out, _message_rows(msgs, _body_mode(body, out.fmt)))
@@ -237,6 +260,7 @@ def stats(
     from rmqstore.stats import store_stats
 
     with open_store(store, config) as reader:
+        report_config(reader.config)
         s = store_stats(reader, conf=config)
     cl = s["commitLog"]
     out.document(s)

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from cli.common import ConfigOption, app, fail, handles_errors
+from cli.common import ConfigOption, app, fail, handles_errors, report_config
 from cli.output import Output, output_options
 from rmqstore.errors import EXIT_PROBLEMS
 
@@ -64,10 +64,23 @@ def _progress():
     return lambda stage: typer.echo(f"[{time.monotonic() - t0:7.1f}s] {stage}", err=True)
 
 
-def _check_stores(stores: List[str]) -> List[str]:
+def _check_stores(stores: List[str], config: Optional[Path] = None,
+                  write: Optional[str] = None) -> List[str]:
+    """Local stores must exist and be ones rmqstore can read (checked before Spark starts,
+    with ``write`` as :func:`rmqstore.storekind.require_writable` checks it); their notes
+    and warnings go to stderr."""
+    from rmqstore.config import load_config
+    from rmqstore.storekind import require_writable
+
     for s in stores:
-        if "://" not in s and not Path(s).is_dir():
+        if "://" in s:
+            continue
+        if not Path(s).is_dir():
             raise fail(f"{s}: no such store directory")
+        cfg = load_config(s, config)
+        if write:
+            require_writable(cfg, write)
+        report_config(cfg)
     return stores
 
 
@@ -92,8 +105,9 @@ def export(
     if writer not in ("pyarrow", "spark"):
         raise fail("--writer must be pyarrow or spark")
     size = _size(split_size)
+    _check_stores(stores)
     jobs, spark, progress = _session(master, conf)
-    r = jobs.export(spark, _check_stores(stores), out_dir, split_size=size, partition_by=partition_by,
+    r = jobs.export(spark, stores, out_dir, split_size=size, partition_by=partition_by,
                     body=body, writer=writer, progress=progress)
     progress("done")
     out.record({"out": r.out, "records": r.records, "splits": r.splits, "files": len(r.files),
@@ -120,8 +134,9 @@ def stats(
     -- the same numbers as ``rmqstore stats``. jsonl, csv and tsv: one row per queue;
     json: the queues and each store's CommitLog end."""
     size = _size(split_size)
+    _check_stores(stores)
     jobs, spark, progress = _session(master, conf)
-    r = jobs.stats(spark, _check_stores(stores), split_size=size, progress=progress)
+    r = jobs.stats(spark, stores, split_size=size, progress=progress)
     progress("done")
     rows = [{"store": s, "topic": q.topic, "queueId": q.queue_id, "messages": q.count, "bytes": q.bytes,
              "minQueueOffset": q.min_queue_offset, "maxQueueOffset": q.max_queue_offset,
@@ -147,8 +162,9 @@ def audit(
     beyond-end, mismatch (offset/size/tagsCode), hole, duplicate. Exit 1 when any.
     jsonl, csv and tsv: one row per finding; json: findings, info and the queue count."""
     size = _size(split_size)
+    _check_stores(stores)
     jobs, spark, progress = _session(master, conf)
-    r = jobs.audit(spark, _check_stores(stores), split_size=size, progress=progress)
+    r = jobs.audit(spark, stores, split_size=size, progress=progress)
     progress("done")
     out.rows(r.findings, FINDING_COLUMNS, key="findings", prose=("detail",),
              title=f"Findings ({len(r.findings)} in {r.queues} queues)")
@@ -173,9 +189,9 @@ def rebuild_cq(
     """Rebuild every ConsumeQueue of STORE from its CommitLog into OUT/{topic}/{queueId}/,
     byte-identical to what the broker's dispatch writes. The store is not modified."""
     size = _size(split_size)
+    _check_stores([store], config, "rebuild --consumequeue")
     jobs, spark, progress = _session(master, conf)
-    r = jobs.rebuild_cq(spark, _check_stores([store])[0], out_dir, split_size=size, conf=config,
-                        progress=progress)
+    r = jobs.rebuild_cq(spark, store, out_dir, split_size=size, conf=config, progress=progress)
     progress("done")
     out.record({"out": r.out, "queues": r.queues, "units": r.units,
                 "commitLogEnd": r.end.end_offset, "endReason": r.end.reason},

@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from cli.common import ConfigOption, app, fail, handles_errors
+from cli.common import ConfigOption, app, fail, handles_errors, report_config
 from cli.output import Output, output_options
 from rmqstore.errors import EXIT_OK, EXIT_PROBLEMS, EXIT_UNUSABLE
 
@@ -20,14 +20,22 @@ FINDING_COLUMNS = ("severity", "code", "file", "offset", "explanation")
 STEP_COLUMNS = ("action", "path", "offset", "length", "explanation")
 
 
-def _config(store: Path, config: Optional[Path]):
+def _config(store: Path, config: Optional[Path], *writes: str):
+    """The store's settings (:func:`rmqstore.config.load_config`); for a writing command,
+    refused first when it cannot run safely (:func:`rmqstore.storekind.require_writable`),
+    then the notes and warnings printed."""
     from rmqstore.config import load_config
     from rmqstore.reader import classify
+    from rmqstore.storekind import require_writable
 
     kind = classify(store)
     if kind.kind != "store":
         raise fail(f"{store}: is a {kind.kind}, not a store root")
-    return load_config(kind.root, config)
+    cfg = load_config(kind.root, config)
+    for op in writes:
+        require_writable(cfg, op)
+    report_config(cfg)
+    return cfg
 
 
 def _progress(label: str):
@@ -105,7 +113,7 @@ def repair(
 
     if backup is not None and no_backup:
         raise fail("--backup and --no-backup exclude each other")
-    cfg = _config(store, config)
+    cfg = _config(store, config, "repair")
     if not dry_run and is_locked(cfg.root):
         raise fail(f"{cfg.root / 'lock'}: the store is locked by another process (a running "
                    "broker?); stop it first", EXIT_UNUSABLE)
@@ -160,9 +168,10 @@ def rebuild(
     New files are written beside the old ones and swapped in by rename."""
     from rmqstore.rebuild import rebuild as run
 
-    cfg = _config(store, config)
     if not consumequeue and not index:
         consumequeue = index = True
+    cfg = _config(store, config, *(["rebuild --consumequeue"] if consumequeue else []),
+                  *(["rebuild --index"] if index else []))
     defaults = [k for k in ("mapped_file_size_consume_queue", "max_hash_slot_num")
                 if cfg.sources.get(k) == "default"]
     if defaults and config is None:

@@ -135,6 +135,15 @@ def iso(ms: Optional[int]) -> str:
         return str(ms)
 
 
+def report_config(cfg) -> None:
+    """The notes and warnings :func:`rmqstore.config.load_config` left, one line each on
+    stderr: what was ignored, and what the output may not cover."""
+    for n in cfg.notes:
+        typer.echo(f"rmqstore: note: {n}", err=True)
+    for w in cfg.warnings:
+        typer.echo(f"rmqstore: warning: {w}", err=True)
+
+
 def existing_path(path: Path, what: str = "path") -> Path:
     if not path.exists():
         raise fail(f"{path}: no such {what}")
@@ -142,4 +151,4 @@ def existing_path(path: Path, what: str = "path") -> Path:
 
 
 # Options shared by the commands that open a store.
-ConfigOption = typer.Option(None, "--config", "-c", help="broker.conf to take store geometry from (RocketMQ property names).", exists=False)
+ConfigOption = typer.Option(None, "--config", "-c", help="The broker.conf the store was written with (RocketMQ property names). The files decide geometry; a value that disagrees with them is an error, and --config supplies what they cannot tell (IndexFile slots vs entries). STORE stays the root: storePathRootDir is ignored, storePathCommitLog is used only where its directories exist (docs/reading.md).", exists=False)

@@ -1,7 +1,16 @@
 """Store configuration with RocketMQ's property names and defaults (spec §1.2).
 
-Geometry comes from ``broker.conf`` when given, else from the files themselves where that
-is unambiguous (:func:`infer_geometry`); every inferred value says where it came from.
+The files on disk are the truth. Geometry (segment sizes, IndexFile slots and entries)
+comes from the files wherever they determine it; a broker.conf or option value that
+disagrees with them is a :class:`ConfigError`, never an override. Where the files do not
+determine a value, a broker.conf or option supplies it, else the RocketMQ default (when
+there are no files to contradict it) or a guess that ``cfg.undetermined`` records: reads
+warn, writing commands refuse (:func:`rmqstore.storekind.require_writable`).
+
+Paths: the store root is the one given (the STORE argument), never broker.conf's
+``storePathRootDir``; :func:`commitlog_location` is the rule for ``storePathCommitLog``.
+``cfg.sources`` says where each geometry value came from, ``cfg.notes``/``cfg.warnings``
+what the CLI prints to stderr.
 """
 
 from __future__ import annotations
@@ -57,6 +66,8 @@ _PROPERTY_FIELDS = {
     "brokerVersion": "broker_version",
 }
 _FIELD_PROPERTIES = {v: k for k, v in _PROPERTY_FIELDS.items()}
+#: Dataclass field -> RocketMQ property name, for messages.
+PROPERTY_NAMES = _FIELD_PROPERTIES
 GEOMETRY = ("mapped_file_size_commit_log", "mapped_file_size_consume_queue",
             "max_hash_slot_num", "max_index_num")
 FLUSH_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
@@ -106,6 +117,15 @@ class StoreConfig:
     broker_version: str = "4.9"
     #: Where each geometry value came from: "default", "broker.conf", "option", "files: …".
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    #: Filled by :func:`load_config`: what was decided and what reads may miss.
+    notes: list[str] = field(default_factory=list, compare=False, repr=False, init=False)
+    warnings: list[str] = field(default_factory=list, compare=False, repr=False, init=False)
+    #: Features of :mod:`rmqstore.storekind` the store uses (partial ones; unsupported raise).
+    features: list = field(default_factory=list, compare=False, repr=False, init=False)
+    #: Geometry field -> why the files do not determine it (the value in use is a guess).
+    undetermined: dict[str, str] = field(default_factory=dict, compare=False, repr=False, init=False)
+    #: Why writing commands must not run (for example: a CommitLog directory is missing).
+    write_blockers: list[str] = field(default_factory=list, compare=False, repr=False, init=False)
 
     # --- derived -------------------------------------------------------------------------
 
@@ -178,6 +198,9 @@ class StoreConfig:
     def with_values(self, **values) -> "StoreConfig":
         out = dataclasses.replace(self, **values)
         out.sources = dict(self.sources)
+        for name in ("notes", "warnings", "features", "write_blockers"):
+            setattr(out, name, list(getattr(self, name)))
+        out.undetermined = dict(self.undetermined)
         return out
 
 
@@ -218,125 +241,169 @@ def _convert(name: str, raw: str, path) -> object:
     return raw.strip()
 
 
-def load_broker_conf(path: str | os.PathLike) -> dict[str, object]:
-    """Known settings from a broker.conf, as dataclass field values. Unknown keys are ignored,
-    as the broker ignores keys that match no field."""
+def read_broker_conf(path: str | os.PathLike) -> dict[str, str]:
+    """Every key of a broker.conf, as text: unknown keys too, since some of them select
+    storage rmqstore must refuse (:mod:`rmqstore.storekind`)."""
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         raise ConfigError(f"cannot read broker.conf: {e.strerror}", path) from None
+    return parse_properties_file(text)
+
+
+def load_broker_conf(path: str | os.PathLike, props: dict[str, str] | None = None) -> dict[str, object]:
+    """Known settings from a broker.conf, as dataclass field values. Unknown keys are ignored
+    here, as the broker ignores keys that match no field."""
+    props = read_broker_conf(path) if props is None else props
     values = {}
-    for key, raw in parse_properties_file(text).items():
+    for key, raw in props.items():
         name = _PROPERTY_FIELDS.get(key)
         if name:
             values[name] = _convert(name, raw, path)
     return values
 
 
-def _segment_size(directories: list[Path]) -> tuple[int | None, str]:
-    """The segment size the files of a queue agree on, and how it was decided.
-
-    All sizes equal decides it; otherwise the most common size must also be the step
-    between consecutive names (a truncated or odd file is then a problem to report,
-    not a reason to fall back to the default)."""
-    from collections import Counter
-
-    sizes: Counter[int] = Counter()
-    starts: list[int] = []
-    for d in directories:
-        if not d.is_dir():
-            continue
-        for p in d.iterdir():
-            if SEGMENT_NAME.match(p.name) and p.is_file():
-                size = p.stat().st_size
-                if size > 0:
-                    sizes[size] += 1
-                starts.append(int(p.name))
-    if not sizes:
-        return None, ""
-    if len(sizes) == 1:
-        return next(iter(sizes)), "segment file size"
-    common, _ = sizes.most_common(1)[0]
-    starts.sort()
-    steps = {b - a for a, b in zip(starts, starts[1:]) if b > a}
-    if steps and min(steps) == common:
-        return common, "most common segment file size, matching the step between names"
-    return None, f"ambiguous: segment files have sizes {sorted(sizes)}"
+# --- where the CommitLog is ----------------------------------------------------------------
 
 
-def infer_geometry(root: Path) -> tuple[dict[str, int], dict[str, str]]:
-    """Geometry values the files of ``root`` determine, and a note on each.
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
-    A CommitLog or ConsumeQueue segment size is known when all its files agree. An
-    IndexFile size gives slots and entries when it matches the defaults or the default
-    ratio maxIndexNum = 4 x maxHashSlotNum; otherwise it is ambiguous and left out.
+
+def commitlog_location(root: Path, configured: str | None,
+                       props: dict[str, str] | None = None) -> tuple[str | None, list[str], list[str]]:
+    """Where the CommitLog of the store at ``root`` is, as (``storePathCommitLog`` value to
+    use or None for ``root/commitlog``, notes, reasons writing must not run).
+
+    The rule (docs/reading.md, "Which CommitLog is read"): the store argument is the root.
+
+    1. No ``storePathCommitLog``: ``root/commitlog``.
+    2. None of its directories (a comma-separated list, spec §1.1) exists here, as with a
+       copy or a rescue mount of the store: it is ignored, with a note, and
+       ``root/commitlog`` is read.
+    3. Some exist: they are the CommitLog (a multi-path broker), provided ``root/commitlog``
+       is absent or one of them; otherwise two CommitLogs compete and nothing is read
+       (:class:`ConfigError`). Listed directories that are missing are noted, and writing
+       commands refuse: the CommitLog may be incomplete.
+    4. A store being created (``root`` holds no store files yet) keeps its CommitLog in
+       ``root/commitlog`` whatever the broker.conf says.
+
+    ``readOnlyCommitLogStorePaths`` that exist are refused (not supported yet); missing
+    ones are ignored with a note.
     """
-    values: dict[str, int] = {}
-    notes: dict[str, str] = {}
-    size, how = _segment_size([root / "commitlog"])
-    if size:
-        values["mapped_file_size_commit_log"] = size
-    if how:
-        notes["mapped_file_size_commit_log"] = f"files: commitlog {how}"
-    base = root / "consumequeue"
-    qdirs = [q for t in base.iterdir() if t.is_dir() for q in t.iterdir()] if base.is_dir() else []
-    size, how = _segment_size(qdirs)
-    if size:
-        values["mapped_file_size_consume_queue"] = size
-    if how:
-        notes["mapped_file_size_consume_queue"] = f"files: consumequeue {how}"
-    idx = root / "index"
-    isizes = {p.stat().st_size for p in idx.iterdir() if p.is_file()} if idx.is_dir() else set()
-    if len(isizes) == 1:
-        size = isizes.pop()
-        default = StoreConfig.__dataclass_fields__
-        d_slots, d_index = default["max_hash_slot_num"].default, default["max_index_num"].default
-        if size == L.index_file_size(d_slots, d_index):
-            slots, entries = d_slots, d_index
-        elif (size - L.INDEX_HEADER_SIZE) % (L.INDEX_SLOT_SIZE + 4 * L.INDEX_ENTRY_SIZE) == 0:
-            slots = (size - L.INDEX_HEADER_SIZE) // (L.INDEX_SLOT_SIZE + 4 * L.INDEX_ENTRY_SIZE)
-            entries = 4 * slots
-        else:
-            slots = entries = 0
-        if slots > 0:
-            values["max_hash_slot_num"], values["max_index_num"] = slots, entries
-            notes["max_hash_slot_num"] = notes["max_index_num"] = (
-                "files: index file size, assuming maxIndexNum = 4 x maxHashSlotNum")
-        else:
-            notes["max_hash_slot_num"] = notes["max_index_num"] = (
-                f"ambiguous: index file size {size} fits no default ratio; pass --config")
-    return values, notes
+    from .errors import UnsupportedStoreError
+
+    notes: list[str] = []
+    blockers: list[str] = []
+    default = root / "commitlog"
+    readonly = [p.strip() for p in (props or {}).get("readOnlyCommitLogStorePaths", "").split(",")
+                if p.strip()]
+    there = [p for p in readonly if Path(p).is_dir()]
+    if there:
+        raise UnsupportedStoreError(f"broker.conf readOnlyCommitLogStorePaths names {there[0]}: "
+                                    "read-only CommitLog directories are not supported yet; "
+                                    "nothing was read", root)
+    if readonly:
+        notes.append(f"broker.conf readOnlyCommitLogStorePaths={','.join(readonly)} does not "
+                     "exist here; ignored")
+    paths = [p.strip() for p in (configured or "").split(",") if p.strip()]
+    if not paths:
+        return None, notes, blockers
+    existing = [p for p in paths if Path(p).is_dir()]
+    missing = [p for p in paths if p not in existing]
+    if existing and not any((root / m).exists() for m in ("commitlog", "consumequeue", "index",
+                                                          "checkpoint")):
+        # A store being created: its CommitLog goes under STORE, never into a directory
+        # that may be another (live) store's.
+        notes.append(f"broker.conf storePathCommitLog={','.join(paths)} is not used for a new "
+                     f"store; its CommitLog is {default}")
+        return None, notes, blockers
+    if not existing:
+        where = (f"the store's own {default} is read" if default.is_dir()
+                 else f"{default} does not exist either, so the store has no CommitLog")
+        notes.append(f"broker.conf storePathCommitLog={','.join(paths)} does not exist here "
+                     f"(a copy of the store?); ignored: {where}")
+        return None, notes, blockers
+    if default.is_dir() and not any(_same_dir(default, Path(p)) for p in existing):
+        raise ConfigError(f"two CommitLogs: the store's {default} and storePathCommitLog "
+                          f"{','.join(existing)} from broker.conf; rmqstore will not guess which "
+                          "one belongs to this store: drop storePathCommitLog from the broker.conf "
+                          "given, or give the root whose commitlog/ that is", root)
+    if missing:
+        notes.append(f"broker.conf storePathCommitLog lists {','.join(missing)}, which does not "
+                     f"exist here: only {','.join(existing)} is read, so the CommitLog may be "
+                     "incomplete")
+        blockers.append(f"storePathCommitLog directory {missing[0]} is missing, so the CommitLog "
+                        "may be incomplete")
+    return ",".join(existing), notes, blockers
 
 
 def load_config(root: str | os.PathLike | None = None, conf: str | os.PathLike | None = None,
                 overrides: dict[str, object] | None = None, infer: bool = True) -> StoreConfig:
-    """Settings for the store at ``root``: options > broker.conf > files > defaults."""
-    values: dict[str, object] = {}
-    sources: dict[str, str] = {}
-    conf_values = load_broker_conf(conf) if conf else {}
-    if root is None:
-        root = conf_values.get("store_path_root_dir")
-    if root is not None:
-        values["store_path_root_dir"] = str(root)
-        if infer:
-            inferred, notes = infer_geometry(Path(root))
-            sources.update(notes)
-            for k, v in inferred.items():
-                values[k] = v
-    for k, v in conf_values.items():
-        if k == "store_path_root_dir" and root is not None:
-            continue
-        values[k] = v
-        sources[k] = "broker.conf"
+    """Settings for the store at ``root`` (see the module docstring for the rules).
+
+    ``conf`` is a broker.conf, ``overrides`` option values (None = not given). With no
+    ``root``, broker.conf's ``storePathRootDir`` names it. Raises :class:`ConfigError`
+    when a setting disagrees with the files, and
+    :class:`~rmqstore.errors.UnsupportedStoreError` for a store rmqstore cannot handle.
+    ``infer=False`` skips everything that looks at the files (a loose segment file)."""
+    from . import storekind
+    from .geometry import Reconcile, queue_dirs, round_units
+
+    props = read_broker_conf(conf) if conf else {}
+    conf_values = load_broker_conf(conf, props) if conf else {}
+    claims: dict[str, tuple[object, str]] = {k: (v, "broker.conf") for k, v in conf_values.items()}
     for k, v in (overrides or {}).items():
         if v is not None:
-            values[k] = v
-            sources[k] = "option"
+            claims[k] = (v, "option")
+    notes: list[str] = []
+    if root is None:
+        root = claims.get("store_path_root_dir", (None, ""))[0]
+    elif "store_path_root_dir" in conf_values and not _same_dir(
+            Path(conf_values["store_path_root_dir"]), Path(root)):
+        notes.append(f"broker.conf storePathRootDir={conf_values['store_path_root_dir']} is not "
+                     f"the store given; {root} is read")
+    values = {k: v for k, (v, _) in claims.items()}
+    if root is not None:
+        values["store_path_root_dir"] = str(root)
     try:
-        cfg = StoreConfig(**values)
+        StoreConfig(**values)  # settings are valid before they are compared with files
     except TypeError as e:
         raise ConfigError(str(e), conf) from None
+    sources = {k: src for k, (_, src) in claims.items() if k in GEOMETRY}
+    undetermined: dict[str, str] = {}
+    warnings: list[str] = []
+    blockers: list[str] = []
+    if root is not None and infer:
+        rootp = Path(root)
+        features = storekind.detect(rootp, props)
+        storekind.refuse_unsupported(features, rootp)  # before anything else is looked at
+        clog, more, blockers = commitlog_location(rootp, values.get("store_path_commit_log"), props)
+        notes += more
+        values["store_path_commit_log"] = clog
+        dirs = [Path(p) for p in clog.split(",")] if clog else [rootp / "commitlog"]
+        features = storekind.detect_in_records(features, dirs)
+        r = Reconcile(rootp, claims, conf)
+        r.segments("mapped_file_size_commit_log", "CommitLog", dirs)
+        r.segments("mapped_file_size_consume_queue", "ConsumeQueue", queue_dirs(rootp),
+                   effective=round_units)
+        r.index(bool(values.get("message_index_enable", True)))
+        values.update(r.values)
+        sources.update(r.sources)
+        undetermined, warnings = r.undetermined, r.warnings
+    else:
+        features = storekind.detect(None, props)
+        storekind.refuse_unsupported(features, conf)
+    cfg = StoreConfig(**values)
     for name in GEOMETRY:
         sources.setdefault(name, "default")
     cfg.sources = sources
+    cfg.notes = notes
+    cfg.features = features
+    cfg.warnings = [d.message for d in features] + warnings
+    cfg.undetermined = undetermined
+    cfg.write_blockers = blockers
     return cfg

@@ -20,7 +20,7 @@ from typing import Iterator
 from .codec import Message, decode_offset_msg_id
 from .commitlog import CommitLog
 from .config import SEGMENT_NAME, StoreConfig, load_config
-from .errors import NotAStoreError, OffsetError, RmqStoreError
+from .errors import ConfigError, NotAStoreError, OffsetError, RmqStoreError, UnsupportedStoreError
 from .scan import scan_windows
 
 INDEX_NAME = re.compile(r"^\d{17}$")
@@ -38,13 +38,33 @@ class PathKind:
     queue_id: int | None = None
 
 
+def _inside_dledger(p: Path) -> Path | None:
+    """The ``dledger-*`` directory ``p`` is or lies in (up to two levels down): DLedger's
+    data, index and checkpoint files."""
+    from .storekind import DLEDGER_DIR, dledger_dirs
+
+    for d in (p, p.parent, p.parent.parent):
+        if DLEDGER_DIR.match(d.name) and d.parent != d and d in dledger_dirs(d.parent):
+            return d
+    return None
+
+
 def classify(path: str | os.PathLike) -> PathKind:
-    """Recognise a store root or a store file from where it sits (see ``rmqstore dump``)."""
+    """Recognise a store root or a store file from where it sits (see ``rmqstore dump``).
+
+    A path inside a DLedger CommitLog (``dledger-*/``) raises
+    :class:`~rmqstore.errors.UnsupportedStoreError`: its files are not CommitLog segments."""
+    from .storekind import dledger_dirs
+
     p = Path(path)
     if not p.exists():
         raise NotAStoreError("no such file or directory", p)
+    d = _inside_dledger(p)
+    if d is not None:
+        raise UnsupportedStoreError(f"part of a DLedger CommitLog ({d.name}/), which rmqstore "
+                                    "cannot read yet; nothing was read", p)
     if p.is_dir():
-        if any((p / m).exists() for m in STORE_MARKERS):
+        if any((p / m).exists() for m in STORE_MARKERS) or dledger_dirs(p):
             return PathKind("store", p, p)
         if p.parent.parent.name == "consumequeue" and p.name.lstrip("-").isdigit():
             return PathKind("consumequeue-dir", p, p.parent.parent.parent,
@@ -112,8 +132,13 @@ class StoreReader:
         return open_consume_queue(self.root, topic, queue_id, self.config.cq_file_size)
 
     def index(self):
-        """The IndexFiles, read-only, with this store's geometry."""
+        """The IndexFiles, read-only, with this store's geometry (a :class:`ConfigError`
+        when the files do not determine it and no broker.conf gave it)."""
         from .index import IndexGeometry, IndexReader
+
+        why = self.config.undetermined.get("max_hash_slot_num")
+        if why:
+            raise ConfigError(f"{why}; key lookups need --config with both", self.config.index_dir)
 
         return IndexReader(self.config.index_dir,
                            IndexGeometry(self.config.max_hash_slot_num, self.config.max_index_num),
@@ -252,8 +277,15 @@ def open_segment_file(path: str | os.PathLike, conf=None, **overrides) -> StoreR
     """A reader over one loose CommitLog segment file (its name gives its start offset)."""
     p = Path(path)
     size = p.stat().st_size
-    cfg = load_config(None, conf, {"mapped_file_size_commit_log": size or 1,
-                                   "store_path_root_dir": str(p.parent), **overrides}, infer=False)
+    claimed = load_config(None, conf, overrides, infer=False)
+    if claimed.sources["mapped_file_size_commit_log"] != "default" \
+            and claimed.mapped_file_size_commit_log < size:
+        # A segment is never longer than mappedFileSizeCommitLog (shorter is a cut file).
+        raise ConfigError(f"mappedFileSizeCommitLog={claimed.mapped_file_size_commit_log} "
+                          f"disagrees with the file, which is {size} bytes; the files are the "
+                          "truth: fix or drop the setting", conf or p)
+    cfg = load_config(None, conf, {**overrides, "mapped_file_size_commit_log": size or 1,
+                                   "store_path_root_dir": str(p.parent)}, infer=False)
     from .segments import SegmentQueue
 
     q = SegmentQueue([p.parent], cfg.mapped_file_size_commit_log, kind="commitlog")

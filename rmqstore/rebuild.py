@@ -319,6 +319,11 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
     if not (root / "commitlog").is_dir() and config is None:
         raise NotAStoreError("not a RocketMQ store root (no commitlog/)", root)
     cfg = config or load_config(root)
+    from .storekind import require_writable
+
+    for op, wanted in (("rebuild --consumequeue", consume_queue), ("rebuild --index", index)):
+        if wanted:
+            require_writable(cfg, op)
     t0 = time.perf_counter()
     with ckpt.hold_lock(root):
         start = from_offset or 0

@@ -93,8 +93,11 @@ def default_backup_dir(root: Path) -> Path:
 def plan_repair(root: str | os.PathLike, *, config: StoreConfig | None = None,
                 report: VerifyReport | None = None, processes: int | None = None) -> RepairPlan:
     """The steps :func:`repair` would take, from a fresh verify unless one is given."""
+    from .storekind import require_writable
+
     root = Path(root)
     cfg = config or load_config(root)
+    require_writable(cfg, "repair")  # a plan from guessed geometry would destroy data
     rep = report or verify(root, config=cfg, processes=processes)
     steps: list[Step] = []
     unfixed = []

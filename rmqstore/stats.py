@@ -156,13 +156,16 @@ def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
         rows.append(d)
     index_files = []
     if reader.config.index_dir.is_dir() and any(reader.config.index_dir.iterdir()):
-        with reader.index() as idx:
-            for f in idx.files:
-                h = f.header
-                index_files.append({"name": f.path.name, "entries": max(h.index_count - 1, 0),
-                                    "hashSlotCount": h.hash_slot_count,
-                                    "beginTimestamp": h.begin_timestamp, "endTimestamp": h.end_timestamp,
-                                    "beginPhyOffset": h.begin_phy_offset, "endPhyOffset": h.end_phy_offset})
+        if "max_hash_slot_num" in reader.config.undetermined:
+            headers = _index_headers(reader.config.index_dir)  # the header needs no geometry
+        else:
+            with reader.index() as idx:
+                headers = [(f.path.name, f.header) for f in idx.files]
+        for name, h in headers:
+            index_files.append({"name": name, "entries": max(h.index_count - 1, 0),
+                                "hashSlotCount": h.hash_slot_count,
+                                "beginTimestamp": h.begin_timestamp, "endTimestamp": h.end_timestamp,
+                                "beginPhyOffset": h.begin_phy_offset, "endPhyOffset": h.end_phy_offset})
     checkpoint = None
     if reader.config.checkpoint_path.exists():
         checkpoint = read_checkpoint(reader.config.checkpoint_path).__dict__
@@ -172,4 +175,19 @@ def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
             "geometry": {k: getattr(reader.config, k) for k in
                          ("mapped_file_size_commit_log", "mapped_file_size_consume_queue",
                           "max_hash_slot_num", "max_index_num")},
-            "geometrySources": dict(reader.config.sources)}
+            "geometrySources": dict(reader.config.sources),
+            "warnings": list(reader.config.warnings)}
+
+
+def _index_headers(index_dir):
+    """(name, header) of each IndexFile, from its first 40 bytes (spec §7.1)."""
+    from . import layout as L
+    from .index import IndexHeader, _list_index_files
+
+    out = []
+    for p in _list_index_files(index_dir):
+        with open(p, "rb") as f:
+            head = f.read(L.INDEX_HEADER_SIZE)
+        if len(head) == L.INDEX_HEADER_SIZE:
+            out.append((p.name, IndexHeader(*L.INDEX_HEADER_STRUCT.unpack(head))))
+    return out

@@ -75,6 +75,10 @@ class MessageStore:
                                     ("commitlog", "consumequeue", "index", "checkpoint")):
             raise NotAStoreError("not a RocketMQ store root (no commitlog, consumequeue, "
                                  "index or checkpoint)", root)
+        else:
+            from .storekind import require_writable
+
+            require_writable(config, "append")  # features it would break, guessed geometry
         return cls(config, dispatch=dispatch, clock=clock)
 
     # --- opening -------------------------------------------------------------------------

@@ -81,6 +81,10 @@ CODES = {
     "checkpoint": (WARNING, "checkpoint missing, unreadable, behind or ahead of the data"),
     "abort-present": (WARNING, "the last broker run did not shut down cleanly"),
     "store-locked": (WARNING, "a process (a broker?) holds the store lock; files may change"),
+    "store-feature": (WARNING, "a broker feature rmqstore does not check yet; findings about its "
+                               "queues may be wrong, and the writes it would break refuse"),
+    "geometry-unknown": (WARNING, "geometry the files do not determine (pass --config); checks "
+                                  "that need it are skipped or use a guess"),
 }
 
 
@@ -311,6 +315,11 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
                              "or checkpoint)", root)
     cfg = config or load_config(root)
     c = Collector(root)
+    for d in cfg.features:  # never a silent "ok" on what is not checked
+        c.add("store-feature", None, None, d.message, feature=d.feature.key)
+    for name, why in cfg.undetermined.items():
+        if name != "max_index_num":  # one finding for the IndexFile pair
+            c.add("geometry-unknown", None, None, why, setting=name)
     abort = ckpt.abort_exists(root)
     cp = None
     if (root / ckpt.CHECKPOINT).exists():

@@ -201,8 +201,8 @@ def _deep(c, files: list[IndexFile], d, end: int, index_dir: Path) -> None:
 
 
 def check_index(c, root: Path, cfg, scan, d, *, deep: bool = False) -> None:
-    if not cfg.message_index_enable:
-        return
+    if not cfg.message_index_enable or "max_hash_slot_num" in cfg.undetermined:
+        return  # an unknown geometry is the "geometry-unknown" finding, not a file error
     index_dir = root / "index"
     geometry = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
     files = _files(c, index_dir, geometry)

@@ -410,9 +410,13 @@ def rebuild_cq(spark: SparkSession, store: str, out: str, *, split_size: int = S
         from ..errors import InputError
         raise InputError("rebuild-cq writes with the local ConsumeQueue writer: use local paths "
                          "(or a mounted shared filesystem)")
+    from ..storekind import require_writable
+
+    cfg = load_config(store, conf)
+    require_writable(cfg, "rebuild --consumequeue")  # the new files take the store's geometry
     O.prepare(out)
     out_abs = os.path.abspath(out)
-    file_size = load_config(store, conf).cq_file_size
+    file_size = cfg.cq_file_size
     units, st, _, _ = _implied(spark, [store], split_size, progress)
     job = uuid.uuid4().hex[:12]
 
