@@ -15,6 +15,7 @@ from pathlib import Path
 from . import layout as L
 from .codec import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from .errors import ConfigError
+from .listing import entries as list_entries
 
 SEGMENT_NAME = re.compile(r"^\d{20}$")
 
@@ -244,14 +245,11 @@ def _segment_size(directories: list[Path]) -> tuple[int | None, str]:
     sizes: Counter[int] = Counter()
     starts: list[int] = []
     for d in directories:
-        if not d.is_dir():
-            continue
-        for p in d.iterdir():
-            if SEGMENT_NAME.match(p.name) and p.is_file():
-                size = p.stat().st_size
-                if size > 0:
-                    sizes[size] += 1
-                starts.append(int(p.name))
+        for e in list_entries(d):  # links inside the store are not followed (rmqstore.listing)
+            if SEGMENT_NAME.match(e.name) and e.kind == "file":
+                if e.size > 0:
+                    sizes[e.size] += 1
+                starts.append(int(e.name))
     if not sizes:
         return None, ""
     if len(sizes) == 1:
@@ -279,14 +277,15 @@ def infer_geometry(root: Path) -> tuple[dict[str, int], dict[str, str]]:
     if how:
         notes["mapped_file_size_commit_log"] = f"files: commitlog {how}"
     base = root / "consumequeue"
-    qdirs = [q for t in base.iterdir() if t.is_dir() for q in t.iterdir()] if base.is_dir() else []
+    qdirs = [q.path for t in list_entries(base) if t.kind == "dir" for q in list_entries(t.path)
+             if q.kind == "dir"]
     size, how = _segment_size(qdirs)
     if size:
         values["mapped_file_size_consume_queue"] = size
     if how:
         notes["mapped_file_size_consume_queue"] = f"files: consumequeue {how}"
     idx = root / "index"
-    isizes = {p.stat().st_size for p in idx.iterdir() if p.is_file()} if idx.is_dir() else set()
+    isizes = {e.size for e in list_entries(idx) if e.kind == "file"}
     if len(isizes) == 1:
         size = isizes.pop()
         default = StoreConfig.__dataclass_fields__

@@ -329,7 +329,12 @@ def _time_diff(delta):
 
 
 def _list_index_files(index_dir: Path) -> list[Path]:
-    return sorted(p for p in index_dir.iterdir() if p.is_file() and p.name.isdigit())
+    """Regular files with all-digit names, oldest first; links are not followed
+    (:mod:`rmqstore.listing`; verify reports them)."""
+    from .listing import entries
+
+    return [e.path for e in entries(index_dir) if e.kind == "file" and e.name.isdigit()
+            and e.name.isascii()]
 
 
 def _query(files: list[IndexFile], topic: str, key: str, max_num: int, begin: int, end: int,

@@ -18,6 +18,7 @@ import numpy as np
 from . import layout as L
 from .errors import RmqStoreError
 from .index import IndexFile, IndexGeometry
+from .listing import entries, odd_entry, offset_name
 from .spans import sorted_isin
 
 
@@ -25,12 +26,17 @@ def _files(c, index_dir: Path, geometry: IndexGeometry) -> list[IndexFile]:
     out = []
     if not index_dir.is_dir():
         return out
-    for p in sorted(index_dir.iterdir()):
-        if not (p.is_file() and p.name.isdigit() and len(p.name) == 17):
+    for e in entries(index_dir):
+        p = e.path
+        odd = odd_entry(e)
+        if odd is not None:
+            c.add(odd[0], p, None, odd[1])
+            continue
+        if not (e.kind == "file" and offset_name(e.name, 17) is not None):
             c.add("stray-file", p, None, "not an IndexFile (names are 17 digits); the broker "
                   "would map it as one on load")
             continue
-        size = os.stat(p).st_size
+        size = e.size
         if size != geometry.file_size:
             c.add("index-file", p, None, f"{size} bytes, but maxHashSlotNum="
                   f"{geometry.hash_slot_num}, maxIndexNum={geometry.index_num} give "
