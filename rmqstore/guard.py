@@ -116,8 +116,8 @@ def units_from(qdir: Path, file_size: int, phy: int) -> tuple[np.ndarray, np.nda
         return qo.astype(np.int64), off[real]
 
 
-def unit_loss(queue: SegmentQueue, survivors: Survivors, offsets: np.ndarray, end: int,
-              valid_count: int) -> str | None:
+def unit_loss(queue: SegmentQueue, survivors: Survivors, offsets: np.ndarray,
+              end: int) -> str | None:
     """Why dropping units pointing at ``offsets`` (all at or past ``end``) would lose
     more than the damage justifies, or None."""
     if not len(offsets):
@@ -128,9 +128,9 @@ def unit_loss(queue: SegmentQueue, survivors: Survivors, offsets: np.ndarray, en
                 f"end of valid data {end} (first at CommitLog offset "
                 f"{int(np.asarray(offsets)[hit][0])}): the CommitLog chain breaks before "
                 "them, but they are intact")
-    if not valid_count:
-        return ("the CommitLog holds no valid record at all (missing or empty commitlog/, "
-                "or a wrong path?), so there is no evidence these units are wrong")
+    if not any(s.file_size for s in queue.segments):
+        return ("the CommitLog has no segment with any byte in it (missing or empty "
+                "commitlog/, or a wrong path?), so nothing shows these units are wrong")
     gone = uncovered(queue, offsets)
     if gone.any():
         return (f"{int(gone.sum())} of these units point at CommitLog offsets no segment "

@@ -223,6 +223,7 @@ def dispatched(scan: StoreScan, from_offset: int = 0) -> Dispatched:
             tid, qid, qo, phy, size, tags, ts = (x[cq] for x in (tid, qid, qo, phy, size, tags, ts))
         out.last_cq_timestamp = int(ts[-1]) if len(ts) else 0
         if len(tid):
+            qid = qid.astype(np.int64)  # int32 ids minus the smallest can overflow int32
             qmin = int(qid.min())
             span = int(qid.max()) - qmin + 1
             key = tid.astype(np.int64) * span + (qid - qmin)
@@ -311,7 +312,7 @@ def _refuse_unit_loss(root: Path, cfg: StoreConfig, scan: StoreScan) -> None:
     with SegmentQueue(cfg.commit_log_dirs, cfg.mapped_file_size_commit_log,
                       kind="commitlog") as q:
         why = unit_loss(q, find_survivors(q, scan.end, cfg.max_message_size + 65536), offs,
-                        scan.end, scan.count)
+                        scan.end)
     if why:
         raise refused_error(f"rebuild of {root}", [
             f"the rebuilt ConsumeQueues would drop {len(offs)} unit(s) pointing at or past the "

@@ -341,8 +341,8 @@ def _guard(root: Path, cfg, rep: VerifyReport, steps: list[Step]) -> list[tuple[
     1. ``zero-tail``/``move-segment`` over CRC-valid records found after the verified end
        (a chain break before intact data, not a torn write);
     2. ``cut-queue``/``rebuild-queue`` dropping units that point at such records, or at
-       offsets no segment file holds, or any unit at all when the CommitLog holds no
-       valid record (a missing or empty commitlog/).
+       offsets no segment file holds, or any unit at all when no CommitLog segment holds
+       a byte (a missing or empty commitlog/).
     """
     risky = [s for s in steps if s.action in ("zero-tail", "move-segment", "cut-queue",
                                               "rebuild-queue")]
@@ -372,7 +372,7 @@ def _guard(root: Path, cfg, rep: VerifyReport, steps: list[Step]) -> list[tuple[
                         _, offs = units_from(qdir, cfg.cq_file_size, rep.end)
                     except RmqStoreError:
                         continue
-                    why = unit_loss(q, surv, offs, rep.end, rep.scan.count if rep.scan else 0)
+                    why = unit_loss(q, surv, offs, rep.end)
             if why:
                 refused.append((s, why))
     return refused
