@@ -21,7 +21,13 @@ next broker start run its own full recovery (§8.2):
    last file kept (the broker's ``offset < endPhyOffset`` rule, §7.3);
 5. checkpoint rewritten to agree with the data; ``abort`` removed.
 
-Nothing verify calls valid is dropped; a second run finds nothing to do.
+Nothing verify calls valid is dropped; a second run finds nothing to do: only steps that
+resolve their finding are planned, the rest is listed in ``RepairPlan.unfixed`` with the
+reason (symbolic links, unsafe topics, queues whose records disagree). Steps that would
+remove CRC-valid records found after the verified end, or units pointing at them or at
+missing files, are listed in ``RepairPlan.refused``; :func:`repair` then changes nothing
+and raises :class:`~rmqstore.errors.RefusedError` unless ``allow_data_loss``
+(:mod:`rmqstore.guard`).
 """
 
 from __future__ import annotations
@@ -222,8 +228,8 @@ class _QueuePlan:
         self.root, self.cfg, self.rep, self.by_code, self.unfixed = root, cfg, rep, by_code, unfixed
         self.d = dispatched(rep.scan) if rep.scan is not None else None
         self.valid = rep.scan.records("offset") if rep.scan is not None else np.zeros(0, np.int64)
-        self.untouchable = {_queue_of(f.file) for code in ("symlink", "special-file")
-                            for f in by_code.get(code, [])} - {None}
+        self.odd = [f.file for code in ("symlink", "special-file")
+                    for f in by_code.get(code, []) if f.file]
         self.rebuild: dict[str, object] = {}
         for code in sorted(_QUEUE_REBUILD):
             for f in by_code.get(code, []):
@@ -239,6 +245,10 @@ class _QueuePlan:
         for q, f in self.strays.items():
             self.rebuild.setdefault(q, f)
         self.ok_rebuild = {q for q in self.rebuild if self._rebuildable(q, self.rebuild[q])}
+
+    def blocked(self, q: str) -> bool:
+        """Is a link or special file at, inside or above queue directory ``q``?"""
+        return any(p == q or p.startswith(q + "/") or q.startswith(p + "/") for p in self.odd)
 
     def absorbs(self, rel: str | None) -> bool:
         q = _queue_of(rel)
@@ -269,9 +279,9 @@ class _QueuePlan:
         return None
 
     def _rebuildable(self, q: str, f) -> bool:
-        if q in self.untouchable:
-            self.unfixed.append((f, f"{q} holds a symbolic link or special file; repair leaves "
-                                    "this queue as it is"))
+        if self.blocked(q):
+            self.unfixed.append((f, f"{q} is, holds or lies under a symbolic link or special "
+                                    "file; repair leaves it"))
             return False
         units = self._units(q)
         if units is not None:
@@ -291,19 +301,21 @@ class _QueuePlan:
                             "rebuild this queue from the records"))
         for f in self.by_code.get("cq-beyond-end", []):
             q = _queue_of(f.file)
-            if q and q not in self.rebuild and q not in self.untouchable:
+            if q and q not in self.rebuild and not self.blocked(q):
                 out.append(Step("cut-queue", q, f"cut {f.data.get('count')} unit(s) from queue "
                                 f"offset {f.data.get('queueOffset')}: they point at or past the "
                                 f"CommitLog end {self.rep.end} (truncateDirtyLogicFiles, §10.4)",
                                 data={"queueOffset": f.data.get("queueOffset")}))
-            elif q in self.untouchable:
-                self.unfixed.append((f, f"{q} holds a symbolic link or special file"))
+            elif q and self.blocked(q):
+                self.unfixed.append((f, f"{q} is, holds or lies under a symbolic link or "
+                                        "special file; repair leaves it"))
         for f in self.by_code.get("cq-missing-tail", []):
             q = _queue_of(f.file)
             if not q or q in self.rebuild:
                 continue
-            if q in self.untouchable:
-                self.unfixed.append((f, f"{q} holds a symbolic link or special file"))
+            if self.blocked(q):
+                self.unfixed.append((f, f"{q} is, holds or lies under a symbolic link or "
+                                        "special file; repair leaves it"))
                 continue
             why = self._tail_problem(q, f)
             if why:

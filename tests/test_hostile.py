@@ -344,3 +344,22 @@ def test_top_level_links_are_read_through_and_written_in_place(base, tmp_path):
     with pytest.raises(UnsafePathError, match="symbolic link"):
         rebuild(store, config=cfg)  # a swap would replace the link
     assert snapshot(tmp_path) == before
+
+
+def test_a_linked_topic_directory_is_never_written_through(base, tmp_path):
+    """``consumequeue/T1`` is a link to a copy elsewhere, and T1's records have no unit
+    inside the store: repair must not dispatch them through the link."""
+    store = _copy(base, tmp_path / "store")
+    shutil.move(str(store / "consumequeue" / "T1"), tmp_path / "elsewhere")
+    for q in (tmp_path / "elsewhere").iterdir():
+        shutil.rmtree(q)  # an empty topic directory out there: dispatch would fill it
+    os.symlink(tmp_path / "elsewhere", store / "consumequeue" / "T1")
+    cfg = _cfg(store)
+    before = snapshot(tmp_path, store)
+    plan = plan_repair(store, config=cfg)
+    assert not [s for s in plan.steps if s.path.startswith("consumequeue/T1")]
+    assert {f.code for f, _ in plan.unfixed} >= {"symlink", "cq-missing-tail"}
+    repair(store, backup_dir=tmp_path / "backup", config=cfg)
+    assert snapshot(tmp_path, store, tmp_path / "backup") == before
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    assert plan_repair(store, config=cfg).steps == []
