@@ -223,11 +223,8 @@ class _QueuePlan:
     special file gets no step at all."""
 
     def __init__(self, root: Path, cfg, rep: VerifyReport, by_code, unfixed: list):
-        from .rebuild import dispatched
-
         self.root, self.cfg, self.rep, self.by_code, self.unfixed = root, cfg, rep, by_code, unfixed
-        self.d = dispatched(rep.scan) if rep.scan is not None else None
-        self.valid = rep.scan.records("offset") if rep.scan is not None else np.zeros(0, np.int64)
+        self._d = self._valid = None
         self.odd = [f.file for code in ("symlink", "special-file")
                     for f in by_code.get(code, []) if f.file]
         self.rebuild: dict[str, object] = {}
@@ -243,8 +240,25 @@ class _QueuePlan:
             if q and q != f.file:
                 self.strays.setdefault(q, f)
         for q, f in self.strays.items():
-            self.rebuild.setdefault(q, f)
+            if q in self.rebuild or self._units(q) is not None:  # else: just move the stray
+                self.rebuild.setdefault(q, f)
         self.ok_rebuild = {q for q in self.rebuild if self._rebuildable(q, self.rebuild[q])}
+
+    @property
+    def d(self):
+        """What dispatch would write for the valid records (made only when a queue needs it)."""
+        if self._d is None and self.rep.scan is not None:
+            from .rebuild import dispatched
+
+            self._d = dispatched(self.rep.scan)
+        return self._d
+
+    @property
+    def valid(self) -> np.ndarray:
+        if self._valid is None:
+            scan = self.rep.scan
+            self._valid = scan.records("offset") if scan is not None else np.zeros(0, np.int64)
+        return self._valid
 
     def blocked(self, q: str) -> bool:
         """Is a link or special file at, inside or above queue directory ``q``?"""
