@@ -182,8 +182,9 @@ class IndexFile:
 
     def select(self, key_hash: int, max_num: int, begin: int, end: int, out: list[int]) -> None:
         """Walk one slot chain, appending hits to ``out`` (spec §7.6 step 3)."""
-        ic = self.header.index_count
         mm, g = self._map, self.geometry
+        # A damaged header can claim more entries than the file holds: never read past them.
+        ic = min(self.header.index_count, g.index_num - 1)
         (e,) = _SLOT.unpack_from(mm, _SLOTS_AT + key_hash % g.hash_slot_num * L.INDEX_SLOT_SIZE)
         if ic <= 1 or e <= 0 or e > ic:
             return

@@ -363,3 +363,22 @@ def test_a_linked_topic_directory_is_never_written_through(base, tmp_path):
     assert snapshot(tmp_path, store, tmp_path / "backup") == before
     assert list((tmp_path / "elsewhere").iterdir()) == []
     assert plan_repair(store, config=cfg).steps == []
+
+
+def test_index_header_claiming_more_entries_than_the_file_holds(base, tmp_path):
+    """A garbage IndexFile header (indexCount past maxIndexNum) and slots pointing past the
+    file: a query walks only entries the file holds (was: struct.error, "internal error")."""
+    from rmqstore.reader import open_store
+
+    store = _copy(base, tmp_path / "store")
+    idx = sorted((store / "index").iterdir())[0]
+    data = bytearray(idx.read_bytes())
+    struct.pack_into(">i", data, 36, 2**31 - 1)  # indexCount (spec §7.1)
+    for slot in range(CFG["max_hash_slot_num"]):
+        struct.pack_into(">i", data, 40 + 4 * slot, 2**30)
+    idx.write_bytes(bytes(data))
+    with open_store(store, _conf(tmp_path)) as r:
+        assert isinstance(r.query_key("T1", "shared3"), list)
+    res = runner.invoke(app, ["query-key", str(store), "--topic", "T1", "--key", "shared3",
+                              "--config", str(_conf(tmp_path))])
+    assert res.exit_code in (0, 1) and "internal error" not in res.output, res.output
