@@ -382,3 +382,17 @@ def test_index_header_claiming_more_entries_than_the_file_holds(base, tmp_path):
     res = runner.invoke(app, ["query-key", str(store), "--topic", "T1", "--key", "shared3",
                               "--config", str(_conf(tmp_path))])
     assert res.exit_code in (0, 1) and "internal error" not in res.output, res.output
+
+
+@pytest.mark.parametrize("name", ["checkpoint", "lock"])
+def test_store_files_that_are_links_are_never_written_through(base, tmp_path, name):
+    store = _copy(base, tmp_path / "store")
+    target = tmp_path / "outside"
+    target.write_bytes(b"keep")
+    (store / name).unlink(missing_ok=True)
+    os.symlink(target, store / name)
+    if name == "lock":
+        (store / "checkpoint").unlink()  # something to write: repair rewrites it
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        repair(store, backup_dir=tmp_path / "backup", config=_cfg(store))
+    assert target.read_bytes() == b"keep"
