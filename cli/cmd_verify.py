@@ -99,6 +99,7 @@ def repair(
     backup: Optional[Path] = typer.Option(None, "--backup", help="Where to save every byte changed (default: STORE.rmqstore-backup-<time>, beside the store)."),
     no_backup: bool = typer.Option(False, "--no-backup", help="Do not save what is changed."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    allow_data_loss: bool = typer.Option(False, "--allow-data-loss", help="Run the plan even where a step would remove CRC-valid records (or the units pointing at them) that lie after a break in the record chain, or cut queues while the CommitLog is missing; refused (exit 2) otherwise."),
     config: Optional[Path] = ConfigOption,
     *, out: Output,
 ) -> None:
@@ -106,8 +107,9 @@ def repair(
     record, fix ConsumeQueues and IndexFiles to match, rewrite the checkpoint, remove abort.
 
     The steps are printed first. Without --yes it asks on a terminal and refuses (exit 2)
-    otherwise. Refuses while a broker holds the store lock. jsonl, csv and tsv: one row
-    per step; json: one document with the plan and, after a repair, its result."""
+    otherwise. Refuses while a broker holds the store lock, and (exit 2, nothing changed)
+    when a step would remove valid data, unless --allow-data-loss. jsonl, csv and tsv: one
+    row per step; json: one document with the plan and, after a repair, its result."""
     from rmqstore.checkpoint import is_locked
     from rmqstore.recovery import default_backup_dir, plan_repair, repair as run
 
@@ -122,6 +124,8 @@ def repair(
     if not plan.steps:
         out.line(f"nothing to repair: {plan.store} is consistent")
         raise typer.Exit(EXIT_OK)
+    if plan.refused and not allow_data_loss:
+        raise plan.refusal()
     if dry_run:
         raise typer.Exit(EXIT_PROBLEMS)
     if not yes:
@@ -133,7 +137,8 @@ def repair(
         if not typer.confirm(f"Apply {len(plan.steps)} step(s) to {cfg.root} ({where})?",
                              err=True):
             raise fail("not confirmed; nothing changed", EXIT_UNUSABLE)
-    result = run(cfg.root, backup_dir=backup, backup=not no_backup, config=cfg)
+    result = run(cfg.root, backup_dir=backup, backup=not no_backup, config=cfg,
+                 allow_data_loss=allow_data_loss)
     summary = {"store": str(cfg.root), "steps": len(result.plan.steps),
                "executed": result.executed, "backup": result.backup_dir,
                "seconds": round(result.seconds, 3)}
@@ -150,6 +155,10 @@ def _show_steps(plan, out: Output) -> None:
     out.rows(unfixed, ("code", "file", "why"), key="unfixed", items=False, table=False)
     for u in unfixed:
         out.warn(f"not repaired: {u['code']} {u['file'] or ''}: {u['why']}")
+    refused = [{"action": s.action, "path": s.path, "why": why} for s, why in plan.refused]
+    out.rows(refused, ("action", "path", "why"), key="refused", items=False, table=False)
+    for r in refused:
+        out.warn(f"needs --allow-data-loss: {r['action']} {r['path']}: {r['why']}")
 
 
 @app.command()
@@ -160,6 +169,7 @@ def rebuild(
     consumequeue: bool = typer.Option(False, "--consumequeue", help="Rebuild ConsumeQueues."),
     index: bool = typer.Option(False, "--index", help="Rebuild IndexFiles."),
     from_offset: Optional[int] = typer.Option(None, "--from-offset", min=0, help="Re-dispatch only records at or after this CommitLog offset."),
+    allow_data_loss: bool = typer.Option(False, "--allow-data-loss", help="Rebuild even when existing units point at CRC-valid records after a break in the record chain (the rebuilt queues drop them), or the CommitLog holds no valid record; refused (exit 2) otherwise."),
     config: Optional[Path] = ConfigOption,
     *, out: Output,
 ) -> None:
@@ -180,7 +190,7 @@ def rebuild(
     cb, ctx = _progress("rebuild")
     with ctx:
         r = run(cfg.root, consume_queue=consumequeue, index=index, from_offset=from_offset,
-                config=cfg, progress=cb)
+                config=cfg, progress=cb, allow_data_loss=allow_data_loss)
     row = {"store": str(cfg.root), "messages": r.messages, "bytes": r.bytes, "units": r.units,
            "indexEntries": r.index_entries, "validUpTo": r.end, "indexFiles": r.index_files,
            "seconds": round(r.seconds, 3)}

@@ -29,6 +29,7 @@ import numpy as np
 from . import layout as L
 from .codec import Message, body_crc, offset_msg_id
 from .config import StoreConfig
+from .names import shown, topic_problem
 from .segments import Segment, SegmentQueue, segment_pwrite
 
 _PWRITE_MIN = 64 * 1024  # bytes from which _place writes with pwrite, not the mapping
@@ -262,6 +263,11 @@ def prepare(msg: Message, config: StoreConfig) -> Prepared | PutResult:
         # 5.x broker hook: topic byte limits; %RETRY% topics may go up to 255 (§3.2).
         if len(topic_b) > 255 or (len(topic_b) > 127 and not topic.startswith("%RETRY%")):
             return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="topic is too long")
+    why = topic_problem(topic)
+    if why is not None:
+        # The topic becomes consumequeue/{topic}/ (spec §6.1): it must be one safe name.
+        return PutResult(PutStatus.MESSAGE_ILLEGAL,
+                         reason=f"topic {shown(topic)} cannot be a directory name ({why})")
     if text is None:
         props = msg.properties
         if props:
@@ -490,6 +496,8 @@ class CommitLogAppender:
             if jlen > 127:
                 return None
         elif len(topic_b) > 255 or (len(topic_b) > 127 and not topic.startswith("%RETRY%")):
+            return None
+        if topic_problem(topic) is not None:
             return None
         magic = L.MAGIC_V2 if self._v5 and jlen > 127 else L.MAGIC_V1
         tsize = 2 if magic == L.MAGIC_V2 else 1

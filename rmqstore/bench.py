@@ -248,6 +248,7 @@ def make_store(root: str | os.PathLike, size_bytes: int, *, body_size: int = 100
     from .config import StoreConfig
     from .consumequeue import build_consume_queue
     from .index import IndexGeometry, build_index
+    from .names import queue_dir
 
     g = write_commitlog(root, size_bytes, body_size=body_size, topics=topics, queues=queues,
                         segment_size=segment_size)
@@ -263,7 +264,7 @@ def make_store(root: str | os.PathLike, size_bytes: int, *, body_size: int = 100
                 n = int(sel.sum())
                 if not n:
                     continue
-                build_consume_queue(g.root / "consumequeue" / _topic(t) / str(q),
+                build_consume_queue(queue_dir(g.root / "consumequeue", _topic(t), q),
                                     np.arange(n, dtype=np.int64), phys[sel],
                                     np.full(n, g.record_size, dtype=np.int64),
                                     np.full(n, java_hash(f"Tag{q % 4}"), dtype=np.int64),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import layout as L
-from .errors import RecordError, StoreLockedError
+from .errors import RecordError, StoreLockedError, UnsafePathError
 
 CHECKPOINT = "checkpoint"
 ABORT = "abort"
@@ -48,6 +48,18 @@ def _file(root_or_file: str | os.PathLike, name: str) -> Path:
     return p / name if p.is_dir() else p
 
 
+def _open_in_store(path: Path, flags: int) -> int:
+    """``os.open`` that never writes through a symbolic link (it could lead out of the
+    store): :class:`UnsafePathError` instead."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafePathError("a symbolic link: rmqstore does not write through it",
+                                  path) from None
+        raise
+
+
 def read_checkpoint(root_or_file: str | os.PathLike) -> Checkpoint:
     """Read a checkpoint file (or ``{root}/checkpoint``) without changing it (spec §8.1)."""
     path = _file(root_or_file, CHECKPOINT)
@@ -77,7 +89,7 @@ def write_checkpoint(root_or_file: str | os.PathLike, cp: Checkpoint, *,
                                            cp.confirm_phy_offset)
     else:
         raise ValueError(f"unknown checkpoint version {version!r}")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_in_store(path, os.O_RDWR | os.O_CREAT)
     try:
         os.pwrite(fd, data.ljust(L.CHECKPOINT_FILE_SIZE, b"\0"), 0)
         if fsync:
@@ -97,7 +109,7 @@ def abort_exists(root: str | os.PathLike) -> bool:
 def create_abort(root: str | os.PathLike, content: bytes = b"") -> None:
     """Mark the store as being modified: 4.9 writes it empty, 5.x the PID text."""
     path = Path(root) / ABORT
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = _open_in_store(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         os.write(fd, content)
         os.fsync(fd)
@@ -148,7 +160,7 @@ class StoreLock:
         if _held_here(self.path):
             raise StoreLockedError("this process already holds the store lock", self.path)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_in_store(self.path, os.O_RDWR | os.O_CREAT)
         except OSError as e:
             raise StoreLockedError(f"cannot open the lock file for writing: {e.strerror}",
                                    self.path) from None

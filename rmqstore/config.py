@@ -24,6 +24,7 @@ from pathlib import Path
 from . import layout as L
 from .codec import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from .errors import ConfigError
+from .listing import entries as list_entries
 
 SEGMENT_NAME = re.compile(r"^\d{20}$")
 

@@ -18,12 +18,16 @@ from typing import Iterator, NamedTuple
 import numpy as np
 
 from . import layout as L
-from .errors import OffsetError, SegmentError
+from .errors import OffsetError, SegmentError, UnsafePathError
+from .listing import LONG_MAX, entries, odd_entry, offset_name
+from .names import queue_dir
 
 DEFAULT_CQ_FILE_SIZE = 6_000_000
 UNIT = L.CQ_UNIT_SIZE
 _NAME = re.compile(r"^\d{20}$")
-_QUEUE_ID = re.compile(r"^(0|[1-9]\d*)$")
+# The broker parses queue directory names with Integer.parseInt: a negative id (a record
+# whose QUEUEID is negative gets one) loads like any other.
+_QUEUE_ID = re.compile(r"^(0|-?[1-9]\d{0,9})$")
 
 
 def effective_file_size(size: int) -> int:
@@ -48,7 +52,7 @@ class CQUnit(NamedTuple):
 class QueueProblem:
     """Something odd under ``consumequeue/``; readers report it and carry on."""
 
-    code: str  # stray-file | bad-queue-dir | misaligned | wrong-size | gap | beyond-end
+    code: str  # stray-file | symlink | special-file | bad-queue-dir | misaligned | wrong-size | gap | beyond-end
     path: str
     detail: str
 
@@ -67,24 +71,33 @@ class QueueListing:
 
 
 def list_queues(root: str | os.PathLike) -> QueueListing:
-    """Every ``consumequeue/{topic}/{queueId}`` directory of a store root, sorted."""
+    """Every ``consumequeue/{topic}/{queueId}`` directory of a store root, sorted.
+
+    ``consumequeue/`` itself may be a link to another disk; a link or special file below
+    it is reported (code ``symlink``/``special-file``), never followed
+    (:mod:`rmqstore.listing`)."""
     base = Path(root) / "consumequeue"
     queues: list[QueueRef] = []
     problems: list[QueueProblem] = []
-    if not base.is_dir():
-        return QueueListing(queues, problems)
-    for tdir in sorted(base.iterdir()):
-        if not tdir.is_dir():
-            problems.append(QueueProblem("stray-file", str(tdir), "not a topic directory"))
+    for t in entries(base):
+        odd = odd_entry(t)
+        if odd is not None:
+            problems.append(QueueProblem(odd[0], str(t.path), odd[1]))
             continue
-        for qdir in sorted(tdir.iterdir()):
-            if qdir.is_dir() and _QUEUE_ID.match(qdir.name):
-                queues.append(QueueRef(tdir.name, int(qdir.name), qdir))
-            elif qdir.is_dir():
-                problems.append(QueueProblem("bad-queue-dir", str(qdir),
+        if t.kind != "dir":
+            problems.append(QueueProblem("stray-file", str(t.path), "not a topic directory"))
+            continue
+        for q in entries(t.path):
+            odd = odd_entry(q)
+            if odd is not None:
+                problems.append(QueueProblem(odd[0], str(q.path), odd[1]))
+            elif q.kind == "dir" and _QUEUE_ID.match(q.name) and -2**31 <= int(q.name) < 2**31:
+                queues.append(QueueRef(t.name, int(q.name), q.path))
+            elif q.kind == "dir":
+                problems.append(QueueProblem("bad-queue-dir", str(q.path),
                                              "queue directory names are decimal queue ids"))
             else:
-                problems.append(QueueProblem("stray-file", str(qdir), "not a queue directory"))
+                problems.append(QueueProblem("stray-file", str(q.path), "not a queue directory"))
     queues.sort(key=lambda q: (q.topic, q.queue_id))
     return QueueListing(queues, problems)
 
@@ -92,11 +105,17 @@ def list_queues(root: str | os.PathLike) -> QueueListing:
 def _scan_segments(path: Path, file_size: int, problems: list[QueueProblem]) -> list[tuple[int, Path, int]]:
     """(start, path, file length) of each well-named segment, in offset order (spec §2)."""
     found = []
-    for p in sorted(path.iterdir()):
-        if not (_NAME.match(p.name) and p.is_file()):
-            problems.append(QueueProblem("stray-file", str(p), "segment names are 20 digits"))
+    for e in entries(path):
+        odd = odd_entry(e)
+        if odd is not None:
+            problems.append(QueueProblem(odd[0], str(e.path), odd[1]))
             continue
-        found.append((int(p.name), p, p.stat().st_size))
+        start = offset_name(e.name) if e.kind == "file" else None
+        if start is None or start > LONG_MAX - file_size:
+            problems.append(QueueProblem("stray-file", str(e.path), "segment names are 20 digits"
+                                         + (" (within a Java long)" if _NAME.match(e.name) else "")))
+            continue
+        found.append((start, e.path, e.size))
     for i, (start, p, length) in enumerate(found):
         if start % file_size:
             problems.append(QueueProblem("misaligned", str(p),
@@ -325,7 +344,13 @@ class ConsumeQueue:
 
 def open_consume_queue(root: str | os.PathLike, topic: str, queue_id: int,
                        file_size: int = DEFAULT_CQ_FILE_SIZE, **kw) -> ConsumeQueue:
-    return ConsumeQueue(Path(root) / "consumequeue" / topic / str(queue_id), file_size, **kw)
+    """A queue by topic and id (:class:`UnsafePathError` for a topic that is not one safe
+    directory name, or a queue reached through a symbolic link)."""
+    path = queue_dir(Path(root) / "consumequeue", topic, queue_id)
+    for p in (path.parent, path):
+        if p.is_symlink():
+            raise UnsafePathError("a symbolic link inside the store: not read through", p)
+    return ConsumeQueue(path, file_size, **kw)
 
 
 _UNIT_STRUCT = L.CQ_UNIT_STRUCT

@@ -31,6 +31,7 @@ from .append import Appended
 from .codec import SCHEDULE_TOPIC, java_hash, parse_properties
 from .consumequeue import ConsumeQueueWriter
 from .keyhash import index_hashes, prefix_hash, token_hash, token_hashes
+from .names import queue_dir
 
 _CQ_TYPES = (L.TRANSACTION_NOT_TYPE, L.TRANSACTION_COMMIT)
 _TAGS_CACHE_MAX = 1 << 16
@@ -65,10 +66,13 @@ class Dispatcher:
         self._lag_end = 0  # records ending past this put their keys at once
         self.logics_timestamp = 0
 
-    def _writer(self, topic: str, queue_id: int) -> ConsumeQueueWriter:
+    def _writer(self, topic: str, queue_id: int, offset: int | None = None) -> ConsumeQueueWriter:
         w = self._writers.get((topic, queue_id))
         if w is None:
-            w = ConsumeQueueWriter(self.root / "consumequeue" / topic / str(queue_id),
+            # UnsafePathError for a topic that is not one safe directory name (a record
+            # written by something else: append refuses such topics).
+            w = ConsumeQueueWriter(queue_dir(self.root / "consumequeue", topic, queue_id,
+                                             where=self.root / "commitlog", offset=offset),
                                    self.cq_file_size)
             self._writers[(topic, queue_id)] = w
         return w
@@ -129,7 +133,7 @@ class Dispatcher:
         props = a.properties
         if tx in _CQ_TYPES:
             code = self._tags_code(a.topic, props, a.store_timestamp)
-            if self._writer(a.topic, a.queue_id).put(a.queue_offset, a.offset, a.size, code):
+            if self._writer(a.topic, a.queue_id, a.offset).put(a.queue_offset, a.offset, a.size, code):
                 self.logics_timestamp = a.store_timestamp
         if self.index is not None:
             # IndexService applies the §7.3 rules (endPhyOffset skip, ROLLBACK) itself.

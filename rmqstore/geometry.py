@@ -14,6 +14,7 @@ from pathlib import Path
 from . import layout as L
 from .config import PROPERTY_NAMES, SEGMENT_NAME
 from .errors import ConfigError
+from .listing import entries as list_entries
 
 
 @dataclass
@@ -37,17 +38,13 @@ def segment_size(directories) -> SizeDecision | None:
 
     files: list[tuple[int, Path, int]] = []
     for d in directories:
-        d = Path(d)
         try:
-            names = list(d.iterdir()) if d.is_dir() else []
+            found = list_entries(d)  # links inside the store are not followed (rmqstore.listing)
         except OSError:
             continue
-        for p in names:
-            if SEGMENT_NAME.match(p.name) and p.is_file():
-                try:
-                    files.append((int(p.name), p, p.stat().st_size))
-                except OSError:
-                    continue
+        for e in found:
+            if SEGMENT_NAME.match(e.name) and e.kind == "file":
+                files.append((int(e.name), e.path, e.size))
     sized = [(s, p, n) for s, p, n in files if n > 0]
     if not sized:
         return None
@@ -67,8 +64,8 @@ def segment_size(directories) -> SizeDecision | None:
 def queue_dirs(root: Path) -> list[Path]:
     base = root / "consumequeue"
     try:
-        return [q for t in base.iterdir() if t.is_dir() for q in t.iterdir() if q.is_dir()] \
-            if base.is_dir() else []
+        return [q.path for t in list_entries(base) if t.kind == "dir"
+                for q in list_entries(t.path) if q.kind == "dir"]
     except OSError:
         return []
 

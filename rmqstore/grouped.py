@@ -55,11 +55,11 @@ def pack_grouped(p: SegmentDispatch) -> dict:
     tx = p.sys_flag[:good] & L.SYSFLAG_TRANSACTION_MASK
     cq = np.flatnonzero((tx == L.TRANSACTION_NOT_TYPE) | (tx == L.TRANSACTION_COMMIT))
     if len(cq):
-        qid = p.queue_id[cq]
+        qid = p.queue_id[cq].astype(np.int64)  # int32 ids minus the smallest can overflow
         qmin = int(qid.min())
         span = int(qid.max()) - qmin + 1
         nkeys = len(p.topics) * span
-        key = p.topic_id[cq] * span + (qid - qmin)
+        key = p.topic_id[cq].astype(np.int64) * span + (qid - qmin)
         # A small key sorts by radix, and stably: CommitLog order is kept per queue.
         key = key.astype(np.int16 if nkeys < 2**15 else np.int64)
         order = np.argsort(key, kind="stable")

@@ -182,8 +182,9 @@ class IndexFile:
 
     def select(self, key_hash: int, max_num: int, begin: int, end: int, out: list[int]) -> None:
         """Walk one slot chain, appending hits to ``out`` (spec §7.6 step 3)."""
-        ic = self.header.index_count
         mm, g = self._map, self.geometry
+        # A damaged header can claim more entries than the file holds: never read past them.
+        ic = min(self.header.index_count, g.index_num - 1)
         (e,) = _SLOT.unpack_from(mm, _SLOTS_AT + key_hash % g.hash_slot_num * L.INDEX_SLOT_SIZE)
         if ic <= 1 or e <= 0 or e > ic:
             return
@@ -329,7 +330,12 @@ def _time_diff(delta):
 
 
 def _list_index_files(index_dir: Path) -> list[Path]:
-    return sorted(p for p in index_dir.iterdir() if p.is_file() and p.name.isdigit())
+    """Regular files with all-digit names, oldest first; links are not followed
+    (:mod:`rmqstore.listing`; verify reports them)."""
+    from .listing import entries
+
+    return [e.path for e in entries(index_dir) if e.kind == "file" and e.name.isdigit()
+            and e.name.isascii()]
 
 
 def _query(files: list[IndexFile], topic: str, key: str, max_num: int, begin: int, end: int,

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from . import layout as L
+from .listing import entries as list_entries
 
 DEFAULT_SLOTS, DEFAULT_ENTRIES = 5_000_000, 20_000_000
 _H, _S, _E = L.INDEX_HEADER_SIZE, L.INDEX_SLOT_SIZE, L.INDEX_ENTRY_SIZE
@@ -74,7 +75,7 @@ def slots_for(size: int, entries: int) -> int | None:
 
 def _list(index_dir: Path) -> list[Path]:
     try:
-        return sorted(p for p in index_dir.iterdir() if p.is_file() and p.name.isdigit())
+        return [e.path for e in list_entries(index_dir) if e.kind == "file" and e.name.isdigit()]
     except OSError:
         return []
 

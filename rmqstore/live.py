@@ -22,6 +22,7 @@ from .config import StoreConfig
 from .consumequeue import ConsumeQueueWriter
 from .grouped import keys, units
 from .index import IndexGeometry, IndexService
+from .names import is_safe_topic, queue_dir
 
 #: A range with more queues than this makes writing per range cost more than in bulk.
 MAX_GROUPS = 256
@@ -76,11 +77,16 @@ class Live:
 
     def _units(self, part: dict) -> None:
         qo, dense = part["qo"], part["qo_dense"]
+        if not all(is_safe_topic(g[0]) for g in part["groups"]):
+            # A topic that cannot be a directory name: the bulk build, once the valid
+            # records are known, decides (and refuses, naming the record).
+            self._drop_queues()
+            return
         for g, (topic, qid, a, b) in enumerate(part["groups"]):
             w = self.writers.get((topic, qid))
             if w is None:
                 w = self.writers[topic, qid] = ConsumeQueueWriter(
-                    self.cq_dir / topic / str(qid), self.file_size)
+                    queue_dir(self.cq_dir, topic, qid), self.file_size)
             if dense:
                 self.written += w.put_run(int(qo[g]), *units(part, a, b))
             else:

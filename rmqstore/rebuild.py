@@ -40,9 +40,11 @@ from . import checkpoint as ckpt
 from . import layout as L
 from .config import StoreConfig, load_config
 from .consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, build_consume_queue, list_queues
-from .errors import NotAStoreError
+from .errors import NotAStoreError, RmqStoreError, UnsafePathError
 from .index import IndexFile, IndexGeometry, IndexService, _list_index_files
+from .listing import entries, offset_name
 from .live import Live, finish_index
+from .names import is_safe_topic, queue_dir, shown, topic_problem
 from .parallel import Arena, Child, Done, pool_map
 from .grouped import grouped_dispatch, grouped_split
 from .redispatch import StoreScan, store_scan
@@ -221,6 +223,7 @@ def dispatched(scan: StoreScan, from_offset: int = 0) -> Dispatched:
             tid, qid, qo, phy, size, tags, ts = (x[cq] for x in (tid, qid, qo, phy, size, tags, ts))
         out.last_cq_timestamp = int(ts[-1]) if len(ts) else 0
         if len(tid):
+            qid = qid.astype(np.int64)  # int32 ids minus the smallest can overflow int32
             qmin = int(qid.min())
             span = int(qid.max()) - qmin + 1
             key = tid.astype(np.int64) * span + (qid - qmin)
@@ -249,6 +252,73 @@ def dispatched(scan: StoreScan, from_offset: int = 0) -> Dispatched:
     return out
 
 
+def unsafe_topics(scan: StoreScan) -> list[tuple[str, int]]:
+    """(topic, CommitLog offset of its first record) of each topic that cannot be a
+    directory name (:func:`rmqstore.names.topic_problem`) among the valid records that
+    get a ConsumeQueue unit, in CommitLog order."""
+    out: dict[str, int] = {}
+    for p, k in zip(scan.parts, scan.kept):
+        bad = [i for i, t in enumerate(p.topics) if not is_safe_topic(t) and t not in out]
+        if not k or not bad:
+            continue
+        tx = p.sys_flag[:k] & L.SYSFLAG_TRANSACTION_MASK
+        cq = (tx == L.TRANSACTION_NOT_TYPE) | (tx == L.TRANSACTION_COMMIT)
+        for i in bad:
+            hit = np.flatnonzero((p.topic_id[:k] == i) & cq)
+            if len(hit):
+                out[p.topics[i]] = int(p.offset[hit[0]])
+    return sorted(out.items(), key=lambda x: x[1])
+
+
+def record_file(cfg: StoreConfig, offset: int) -> tuple[Path, int]:
+    """(segment file, position in it) of a CommitLog offset, for messages."""
+    size = cfg.mapped_file_size_commit_log
+    name = f"{offset - offset % size:020d}"
+    dirs = cfg.commit_log_dirs
+    path = next((d / name for d in dirs if (d / name).is_file()), dirs[0] / name)
+    return path, offset % size
+
+
+def _refuse_unsafe_topics(cfg: StoreConfig, d: Dispatched) -> None:
+    """A rebuild writes every queue: a topic that cannot be a directory name stops it
+    before anything is swapped in (spec §6.1 makes topics directory names)."""
+    bad = sorted((int(u[1][0]), t) for (t, _), u in d.units.items() if not is_safe_topic(t))
+    if bad:
+        off, topic = bad[0]
+        path, pos = record_file(cfg, off)
+        raise UnsafePathError(
+            f"the record at CommitLog offset {off} has topic {shown(topic)}: "
+            f"{topic_problem(topic)}, so its ConsumeQueue cannot be written"
+            + (f" ({len(bad)} such topics)" if len(bad) > 1 else "")
+            + "; rebuild refuses (`rmqstore verify` lists them; `repair` leaves them)",
+            path, pos)
+
+
+def _refuse_unit_loss(root: Path, cfg: StoreConfig, scan: StoreScan) -> None:
+    """RefusedError when the rebuilt queues would drop units the evidence does not
+    condemn (:func:`rmqstore.guard.unit_loss`): no unit of a rebuilt queue points at or
+    past the verified end, so every existing one there is dropped."""
+    from .guard import find_survivors, refused_error, unit_loss, units_from
+
+    offs = []
+    for ref in list_queues(root).queues:
+        try:
+            offs.append(units_from(ref.path, cfg.cq_file_size, scan.end)[1])
+        except RmqStoreError:
+            continue  # a queue that cannot be read holds no unit anyone could use
+    offs = np.unique(np.concatenate(offs)) if offs else np.zeros(0, np.int64)
+    if not len(offs):
+        return
+    with SegmentQueue(cfg.commit_log_dirs, cfg.mapped_file_size_commit_log,
+                      kind="commitlog") as q:
+        why = unit_loss(q, find_survivors(q, scan.end, cfg.max_message_size + 65536), offs,
+                        scan.end)
+    if why:
+        raise refused_error(f"rebuild of {root}", [
+            f"the rebuilt ConsumeQueues would drop {len(offs)} unit(s) pointing at or past the "
+            f"end of valid data {scan.end}: {why}"])
+
+
 # --- writing ----------------------------------------------------------------------------
 
 
@@ -256,8 +326,8 @@ def write_consume_queues(cq_dir: Path, d: Dispatched, file_size: int, *, fsync: 
     """One directory per queue under ``cq_dir``, built in bulk; returns units written."""
     n = 0
     for (topic, qid), (qo, phy, size, tags) in sorted(d.units.items()):
-        n += build_consume_queue(cq_dir / topic / str(qid), qo, phy, size, tags, file_size,
-                                 fsync=fsync)
+        n += build_consume_queue(queue_dir(cq_dir, topic, qid, offset=int(phy[0])), qo, phy,
+                                 size, tags, file_size, fsync=fsync)
     return n
 
 
@@ -310,10 +380,16 @@ def _fsync_dir(p: Path) -> None:
 def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool = True,
             from_offset: int | None = None, config: StoreConfig | None = None,
             processes: int | None = None, progress: Progress | None = None,
-            clock=None, fsync: bool = True) -> RebuildResult:
+            clock=None, fsync: bool = True, allow_data_loss: bool = False) -> RebuildResult:
     """Re-dispatch ConsumeQueue and/or IndexFile from the CommitLog and swap them in.
 
     Takes the store lock (:class:`~rmqstore.errors.StoreLockedError` while a broker runs).
+    Refuses (:class:`~rmqstore.errors.RefusedError`, before anything is swapped in) when
+    the rebuilt queues would drop units that point at CRC-valid records after a break in
+    the record chain, at offsets no segment file holds, or at anything while the CommitLog
+    holds no valid record (:mod:`rmqstore.guard`), unless ``allow_data_loss``; and
+    (:class:`~rmqstore.errors.UnsafePathError`) when a topic cannot be a directory name or
+    ``consumequeue/``/``index/`` is a symbolic link (the swap would replace the link).
     """
     root = Path(root)
     if not (root / "commitlog").is_dir() and config is None:
@@ -324,6 +400,13 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
     for op, wanted in (("rebuild --consumequeue", consume_queue), ("rebuild --index", index)):
         if wanted:
             require_writable(cfg, op)
+    for name, wanted in (("consumequeue", consume_queue), ("index", index)):
+        if wanted and (root / name).is_symlink():
+            raise UnsafePathError(
+                f"a symbolic link (to {os.readlink(root / name)}): rebuild swaps in a whole new "
+                "directory by rename, which would replace the link and leave the new files "
+                "outside the disk it points to; rebuild refuses. `rmqstore repair` works in "
+                "place, or mount the disk at this path", root / name)
     t0 = time.perf_counter()
     with ckpt.hold_lock(root):
         start = from_offset or 0
@@ -363,6 +446,10 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
                     both = consume_queue and len(d_index.key_hash) >= PARALLEL_MIN_KEYS
                     job = Child(build) if both else Done(build)
             if consume_queue:
+                if not allow_data_loss:
+                    _refuse_unit_loss(root, cfg, scan)
+                if built_cq is None:
+                    _refuse_unsafe_topics(cfg, d)
                 units = built_cq if built_cq is not None else \
                     _build_cq(root, scratch, d, cfg, start, fsync)
                 _swap(scratch, root, "consumequeue")
@@ -400,11 +487,12 @@ def _build_cq(root: Path, scratch: Path, d: Dispatched, cfg: StoreConfig, start:
         # Keep units before ``start`` (truncateDirtyLogicFiles, §10.4), then append.
         for ref in list_queues(root).queues:
             dst = new / ref.topic / str(ref.queue_id)
-            shutil.copytree(ref.path, dst)
+            shutil.copytree(ref.path, dst, symlinks=True)  # links are copied, never followed
             _cut_queue(dst, cfg.cq_file_size, start)
         n = 0
         for (topic, qid), (qo, phy, size, tags) in sorted(d.units.items()):
-            with ConsumeQueueWriter(new / topic / str(qid), cfg.cq_file_size) as w:
+            with ConsumeQueueWriter(queue_dir(new, topic, qid, offset=int(phy[0])),
+                                    cfg.cq_file_size) as w:
                 n += w.put_many(qo, phy, size, tags)
                 if fsync:
                     w.flush()
@@ -424,8 +512,11 @@ def _cut_queue(qdir: Path, file_size: int, phy: int) -> None:
     if first_q is None:
         return
     byte = first_q * UNIT
-    for p in sorted(qdir.iterdir()):
-        s = int(p.name)
+    for e in entries(qdir):  # segment files only: nothing else here is the queue's
+        s = offset_name(e.name) if e.kind == "file" else None
+        if s is None:
+            continue
+        p = e.path
         if s >= byte:
             p.unlink()
         elif s + file_size > byte:

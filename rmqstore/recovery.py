@@ -21,7 +21,13 @@ next broker start run its own full recovery (§8.2):
    last file kept (the broker's ``offset < endPhyOffset`` rule, §7.3);
 5. checkpoint rewritten to agree with the data; ``abort`` removed.
 
-Nothing verify calls valid is dropped; a second run finds nothing to do.
+Nothing verify calls valid is dropped; a second run finds nothing to do: only steps that
+resolve their finding are planned, the rest is listed in ``RepairPlan.unfixed`` with the
+reason (symbolic links, unsafe topics, queues whose records disagree). Steps that would
+remove CRC-valid records found after the verified end, or units pointing at them or at
+missing files, are listed in ``RepairPlan.refused``; :func:`repair` then changes nothing
+and raises :class:`~rmqstore.errors.RefusedError` unless ``allow_data_loss``
+(:mod:`rmqstore.guard`).
 """
 
 from __future__ import annotations
@@ -34,11 +40,18 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from . import checkpoint as ckpt
 from . import layout as L
 from .config import StoreConfig, load_config
 from .consumequeue import ConsumeQueue, ConsumeQueueWriter
+from .errors import RefusedError, RmqStoreError
+from .guard import find_survivors, refused_error, unit_loss, units_from
 from .index import IndexGeometry, IndexService, _list_index_files
+from .listing import offset_name
+from .segments import SegmentQueue
+from .spans import sorted_isin
 from .verify import VerifyReport, verify
 
 _QUEUE_REBUILD = {"cq-hole", "cq-mismatch", "cq-bad-pointer", "cq-duplicate", "cq-missing",
@@ -70,7 +83,17 @@ class RepairPlan:
     store: str
     steps: list[Step]
     report: VerifyReport
-    unfixed: list = field(default_factory=list)  # problems no step addresses (with why)
+    unfixed: list = field(default_factory=list)  # (finding, why): problems no step addresses
+    #: (step, why) for each step that would remove valid data or act without evidence:
+    #: :func:`repair` refuses the plan unless ``allow_data_loss`` (``--allow-data-loss``).
+    refused: list = field(default_factory=list)
+
+    def refusal(self) -> RefusedError | None:
+        """The error :func:`repair` raises for this plan without the override."""
+        if not self.refused:
+            return None
+        return refused_error(f"repair of {self.store}",
+                             [f"{s.action} {s.path}: {why}" for s, why in self.refused])
 
 
 @dataclass
@@ -92,7 +115,11 @@ def default_backup_dir(root: Path) -> Path:
 
 def plan_repair(root: str | os.PathLike, *, config: StoreConfig | None = None,
                 report: VerifyReport | None = None, processes: int | None = None) -> RepairPlan:
-    """The steps :func:`repair` would take, from a fresh verify unless one is given."""
+    """The steps :func:`repair` would take, from a fresh verify unless one is given.
+
+    Only steps whose execution resolves their finding are planned (so a second run has
+    nothing to do); what no step can fix is in ``unfixed`` with the reason, and steps
+    that would remove valid data are listed in ``refused`` (see :mod:`rmqstore.guard`)."""
     from .storekind import require_writable
 
     root = Path(root)
@@ -100,18 +127,21 @@ def plan_repair(root: str | os.PathLike, *, config: StoreConfig | None = None,
     require_writable(cfg, "repair")  # a plan from guessed geometry would destroy data
     rep = report or verify(root, config=cfg, processes=processes)
     steps: list[Step] = []
-    unfixed = []
+    unfixed: list = []
     by_code: dict[str, list] = {}
     for f in rep.findings:
         by_code.setdefault(f.code, []).append(f)
+    queues = _QueuePlan(root, cfg, rep, by_code, unfixed)
     for f in by_code.get("rebuild-leftover", []):
         steps.append(Step("remove-leftover", f.file, "scratch directory of an interrupted "
                           "rebuild; moved to the backup"))
     for f in by_code.get("stray-file", []):
+        if queues.absorbs(f.file):
+            continue  # inside a queue that is rebuilt: removed (and backed up) with it
         steps.append(Step("move-stray", f.file, "not a store file where the broker expects "
                           "only its own; moved to the backup"))
     steps += _commitlog_steps(root, cfg, rep, by_code)
-    steps += _cq_steps(rep, by_code)
+    steps += queues.steps()
     idx_steps = _index_steps(root, cfg, rep, by_code)
     steps += idx_steps
     touched = bool(steps)
@@ -124,13 +154,25 @@ def plan_repair(root: str | os.PathLike, *, config: StoreConfig | None = None,
         steps.append(Step("remove-abort", ckpt.ABORT, "the store is consistent again: the next "
                           "broker start runs normal recovery (§8.2)"))
     for f in rep.problems:
-        if f.code in ("record-physical-offset", "cq-tags-mismatch", "store-locked"):
-            why = {"record-physical-offset": "stale or copied records are kept as they are",
-                   "cq-tags-mismatch": "a broker's recovery keeps existing units; "
-                   "`rmqstore rebuild --consumequeue` rewrites them from the records",
-                   "store-locked": "repair refuses to run while the lock is held"}[f.code]
+        why = _UNFIXED.get(f.code)
+        if why:
             unfixed.append((f, why))
-    return RepairPlan(str(root), steps, rep, unfixed)
+    refused = _guard(root, cfg, rep, steps)
+    return RepairPlan(str(root), steps, rep, unfixed, refused)
+
+
+#: Problems repair leaves as they are, and why.
+_UNFIXED = {
+    "record-physical-offset": "stale or copied records are kept as they are",
+    "cq-tags-mismatch": "a broker's recovery keeps existing units; `rmqstore rebuild "
+                        "--consumequeue` rewrites them from the records",
+    "store-locked": "repair refuses to run while the lock is held",
+    "symlink": "repair never follows, moves or deletes a symbolic link or its target; "
+               "remove or replace it by hand",
+    "special-file": "repair never reads, moves or deletes a FIFO, socket or device",
+    "record-topic-unsafe": "the record is kept; no ConsumeQueue is written for a topic that "
+                           "cannot be a directory name",
+}
 
 
 def _commitlog_steps(root: Path, cfg, rep: VerifyReport, by_code) -> list[Step]:
@@ -144,7 +186,9 @@ def _commitlog_steps(root: Path, cfg, rep: VerifyReport, by_code) -> list[Step]:
     for f in by_code.get("commitlog-segment", []):
         if f.offset is not None and f.offset < size and rep.scan is not None:
             p = root / f.file
-            if p.exists() and p.stat().st_size < size and int(p.name) <= rep.end < int(p.name) + size:
+            start = offset_name(p.name)
+            if start is not None and p.is_file() and not p.is_symlink() \
+                    and p.stat().st_size < size and start <= rep.end < start + size:
                 steps.append(Step("extend-segment", f.file, f"truncated segment: extend it with "
                                   f"zeros to {size} bytes (the broker refuses other sizes)",
                                   p.stat().st_size, size - p.stat().st_size))
@@ -152,44 +196,221 @@ def _commitlog_steps(root: Path, cfg, rep: VerifyReport, by_code) -> list[Step]:
         steps.append(Step("zero-tail", f.file, f"zero the {f.data.get('kind')} bytes after the end "
                           f"of valid data ({rep.end}); the bytes are saved in the backup",
                           f.offset, int(f.data.get("bytes", 0))))
+    moved = set()
     for code in ("commitlog-preallocated", "commitlog-unreachable", "commitlog-gap"):
         for f in by_code.get(code, []):
-            steps.append(Step("move-segment", f.file, "segment after the end of valid data: "
-                              "the broker deletes it (§10.4); moved to the backup"))
+            if f.file not in moved:  # the segment after a gap is also "unreachable"
+                moved.add(f.file)
+                steps.append(Step("move-segment", f.file, "segment after the end of valid "
+                                  "data: the broker deletes it (§10.4); moved to the backup"))
     return steps
 
 
-def _cq_steps(rep: VerifyReport, by_code) -> list[Step]:
-    steps = []
-    rebuild = {}
-    for code in _QUEUE_REBUILD:
-        for f in by_code.get(code, []):
-            if f.file:
-                p = Path(f.file)
-                rebuild.setdefault(str(p.parent if len(p.name) == 20 and p.name.isdigit() else p), f)
-    for q in sorted(rebuild):
-        steps.append(Step("rebuild-queue", q, "units disagree with the CommitLog "
-                          f"({rebuild[q].code}): rebuild this queue from the records"))
-    for f in by_code.get("cq-beyond-end", []):
-        q = str(Path(f.file).parent)
-        if q not in rebuild:
-            steps.append(Step("cut-queue", q, f"cut {f.data.get('count')} unit(s) from queue "
-                              f"offset {f.data.get('queueOffset')}: they point at or past the "
-                              f"CommitLog end {rep.end} (truncateDirtyLogicFiles, §10.4)",
-                              data={"queueOffset": f.data.get("queueOffset")}))
-    for f in by_code.get("cq-missing-tail", []):
-        q = str(Path(f.file).parent)
-        if q not in rebuild:
-            steps.append(Step("dispatch-queue", q, f"dispatch {f.data.get('count')} missing "
-                              f"unit(s) from queue offset {f.data.get('queueOffset')} (§6.1 "
-                              "write rules)", data={"queueOffset": f.data.get("queueOffset")}))
-    return steps
+def _queue_of(rel: str | None) -> str | None:
+    """``consumequeue/{topic}/{queueId}`` of a path at or inside a queue directory."""
+    if not rel:
+        return None
+    parts = Path(rel).parts
+    if len(parts) >= 3 and parts[0] == "consumequeue":
+        return str(Path(*parts[:3]))
+    return None
+
+
+class _QueuePlan:
+    """ConsumeQueue steps: one per queue directory, and only those that converge.
+
+    A queue is rebuilt (or its tail dispatched) only when the records give a consistent
+    queue: their queue offsets count up by one and their PHYSICALOFFSET is their position
+    (dispatch writes units densely, so any other records would be misplaced again, and a
+    second run would find the same problem). A queue directory holding a symbolic link or
+    special file gets no step at all."""
+
+    def __init__(self, root: Path, cfg, rep: VerifyReport, by_code, unfixed: list):
+        self.root, self.cfg, self.rep, self.by_code, self.unfixed = root, cfg, rep, by_code, unfixed
+        self._d = self._valid = None
+        self.odd = [f.file for code in ("symlink", "special-file")
+                    for f in by_code.get(code, []) if f.file]
+        self.rebuild: dict[str, object] = {}
+        for code in sorted(_QUEUE_REBUILD):
+            for f in by_code.get(code, []):
+                q = _queue_of(f.file)
+                if q and q not in self.rebuild:
+                    self.rebuild[q] = f
+        # A stray inside a queue directory goes with a rebuild of that queue.
+        self.strays = {}
+        for f in by_code.get("stray-file", []):
+            q = _queue_of(f.file)
+            if q and q != f.file:
+                self.strays.setdefault(q, f)
+        for q, f in self.strays.items():
+            if q in self.rebuild or self._units(q) is not None:  # else: just move the stray
+                self.rebuild.setdefault(q, f)
+        self.ok_rebuild = {q for q in self.rebuild if self._rebuildable(q, self.rebuild[q])}
+
+    @property
+    def d(self):
+        """What dispatch would write for the valid records (made only when a queue needs it)."""
+        if self._d is None and self.rep.scan is not None:
+            from .rebuild import dispatched
+
+            self._d = dispatched(self.rep.scan)
+        return self._d
+
+    @property
+    def valid(self) -> np.ndarray:
+        if self._valid is None:
+            scan = self.rep.scan
+            self._valid = scan.records("offset") if scan is not None else np.zeros(0, np.int64)
+        return self._valid
+
+    def blocked(self, q: str) -> bool:
+        """Is a link or special file at, inside or above queue directory ``q``?"""
+        return any(p == q or p.startswith(q + "/") or q.startswith(p + "/") for p in self.odd)
+
+    def absorbs(self, rel: str | None) -> bool:
+        q = _queue_of(rel)
+        return q is not None and q != rel and q in self.ok_rebuild
+
+    def _units(self, q: str):
+        parts = Path(q).parts
+        try:
+            key = (parts[1], int(parts[2]))
+        except (IndexError, ValueError):
+            return None
+        return self.d.units.get(key) if self.d is not None else None
+
+    def _consistent(self, q: str, qo, phy, first: int | None) -> str | None:
+        """Why units built from these records would not make a consistent queue."""
+        if first is not None and len(qo) and int(qo[0]) != first:
+            return (f"the next record (CommitLog {int(phy[0])}) has queue offset {int(qo[0])}, "
+                    f"but the queue ends at {first}")
+        jump = np.flatnonzero(np.diff(qo) != 1)
+        if len(jump):
+            i = int(jump[0])
+            return (f"records disagree on queue offsets: CommitLog {int(phy[i])} has queue "
+                    f"offset {int(qo[i])}, the next one ({int(phy[i + 1])}) {int(qo[i + 1])}")
+        stray = ~sorted_isin(np.asarray(phy, np.int64), self.valid)
+        if stray.any():
+            return (f"a record stores PHYSICALOFFSET {int(phy[stray][0])}, not its position: "
+                    "its unit would point elsewhere")
+        return None
+
+    def _rebuildable(self, q: str, f) -> bool:
+        if self.blocked(q):
+            self.unfixed.append((f, f"{q} is, holds or lies under a symbolic link or special "
+                                    "file; repair leaves it"))
+            return False
+        units = self._units(q)
+        if units is not None:
+            why = self._consistent(q, units[0], units[1], None)
+            if why:
+                self.unfixed.append((f, f"{why}; rebuilding {q} would not give a consistent "
+                                        "queue, so its units are left as they are"))
+                return False
+        return True
+
+    def steps(self) -> list[Step]:
+        out = []
+        for q in sorted(self.ok_rebuild):
+            f = self.rebuild[q]
+            why = f.code if f.code != "stray-file" else "a stray file inside it"
+            out.append(Step("rebuild-queue", q, f"units disagree with the CommitLog ({why}): "
+                            "rebuild this queue from the records"))
+        for f in self.by_code.get("cq-beyond-end", []):
+            q = _queue_of(f.file)
+            if q and q not in self.rebuild and not self.blocked(q):
+                out.append(Step("cut-queue", q, f"cut {f.data.get('count')} unit(s) from queue "
+                                f"offset {f.data.get('queueOffset')}: they point at or past the "
+                                f"CommitLog end {self.rep.end} (truncateDirtyLogicFiles, §10.4)",
+                                data={"queueOffset": f.data.get("queueOffset")}))
+            elif q and self.blocked(q):
+                self.unfixed.append((f, f"{q} is, holds or lies under a symbolic link or "
+                                        "special file; repair leaves it"))
+        for f in self.by_code.get("cq-missing-tail", []):
+            q = _queue_of(f.file)
+            if not q or q in self.rebuild:
+                continue
+            if self.blocked(q):
+                self.unfixed.append((f, f"{q} is, holds or lies under a symbolic link or "
+                                        "special file; repair leaves it"))
+                continue
+            why = self._tail_problem(q, f)
+            if why:
+                self.unfixed.append((f, why))
+                continue
+            out.append(Step("dispatch-queue", q, f"dispatch {f.data.get('count')} missing "
+                            f"unit(s) from queue offset {f.data.get('queueOffset')} (§6.1 "
+                            "write rules)", data={"queueOffset": f.data.get("queueOffset")}))
+        return out
+
+    def _tail_problem(self, q: str, f) -> str | None:
+        from .consumequeue import ConsumeQueue
+
+        units = self._units(q)
+        if units is None:
+            return None
+        p = self.root / q
+        have = 0
+        if p.is_dir():
+            try:
+                with ConsumeQueue(p, self.cfg.cq_file_size) as cq:
+                    have = cq.max_offset if cq.segments else None
+            except RmqStoreError as e:
+                return f"the queue cannot be read ({e.message})"
+        sel = units[0] >= (have or 0)
+        why = self._consistent(q, units[0][sel], units[1][sel], have)
+        if why:
+            return f"{why}; dispatching would not give a consistent queue"
+        return None
+
+
+def _guard(root: Path, cfg, rep: VerifyReport, steps: list[Step]) -> list[tuple[Step, str]]:
+    """The steps that would remove more than the damage justifies (:mod:`rmqstore.guard`):
+
+    1. ``zero-tail``/``move-segment`` over CRC-valid records found after the verified end
+       (a chain break before intact data, not a torn write);
+    2. ``cut-queue``/``rebuild-queue`` dropping units that point at such records, or at
+       offsets no segment file holds, or any unit at all when no CommitLog segment holds
+       a byte (a missing or empty commitlog/).
+    """
+    risky = [s for s in steps if s.action in ("zero-tail", "move-segment", "cut-queue",
+                                              "rebuild-queue")]
+    if not risky:
+        return []
+    refused = []
+    size = cfg.mapped_file_size_commit_log
+    with SegmentQueue(cfg.commit_log_dirs, size, kind="commitlog") as q:
+        surv = find_survivors(q, rep.end, cfg.max_message_size + 65536)
+        for s in risky:
+            why = None
+            if s.action in ("zero-tail", "move-segment"):
+                start = offset_name(Path(s.path).name)
+                if start is None:
+                    continue
+                lo = start + (s.offset or 0) if s.action == "zero-tail" else start
+                hi = lo + s.length if s.action == "zero-tail" else start + size
+                n, first = surv.within(lo, hi)
+                if n:
+                    why = (f"it holds {n} CRC-valid record(s) after the end of valid data "
+                           f"{rep.end} (first at CommitLog offset {first}): the record chain "
+                           "breaks before them (RocketMQ refuses to load such a CommitLog)")
+            else:
+                qdir = root / s.path
+                if qdir.is_dir():
+                    try:
+                        _, offs = units_from(qdir, cfg.cq_file_size, rep.end)
+                    except RmqStoreError:
+                        continue
+                    why = unit_loss(q, surv, offs, rep.end)
+            if why:
+                refused.append((s, why))
+    return refused
 
 
 def _index_steps(root: Path, cfg, rep: VerifyReport, by_code) -> list[Step]:
     if not cfg.message_index_enable:
         return []
-    names = [p.name for p in _list_index_files(root / "index")] if (root / "index").is_dir() else []
+    names = [p.name for p in _list_index_files(root / "index")]
     drop_from = len(names)
     if rep.forecast and rep.forecast.index_files_deleted:
         drop_from = min(drop_from, names.index(rep.forecast.index_files_deleted[0]))
@@ -275,8 +496,13 @@ def _pwrite(path: Path, data: bytes, offset: int) -> None:
 
 def repair(root: str | os.PathLike, *, dry_run: bool = False, backup_dir: str | os.PathLike | None = None,
            backup: bool = True, config: StoreConfig | None = None, clock=None,
-           plan: RepairPlan | None = None, processes: int | None = None) -> RepairResult:
-    """Plan and (unless ``dry_run``) execute the repair of the store at ``root``."""
+           plan: RepairPlan | None = None, processes: int | None = None,
+           allow_data_loss: bool = False) -> RepairResult:
+    """Plan and (unless ``dry_run``) execute the repair of the store at ``root``.
+
+    A plan with refused steps (``RepairPlan.refused``: they would remove valid data or act
+    without evidence) raises :class:`~rmqstore.errors.RefusedError` before anything is
+    changed, unless ``allow_data_loss`` (the CLI's ``--allow-data-loss``)."""
     t0 = time.perf_counter()
     root = Path(root)
     cfg = config or load_config(root)
@@ -288,6 +514,8 @@ def repair(root: str | os.PathLike, *, dry_run: bool = False, backup_dir: str | 
         plan = plan_repair(root, config=cfg, processes=processes)
         if not plan.steps:
             return RepairResult(plan, False, None, time.perf_counter() - t0)
+        if plan.refused and not allow_data_loss:
+            raise plan.refusal()
         where = (Path(backup_dir) if backup_dir else default_backup_dir(root)) if backup else None
         b = _Backup(root, where)
         had_abort = ckpt.abort_exists(root)

@@ -16,6 +16,7 @@ from typing import Iterable
 
 from .config import SEGMENT_NAME
 from .errors import OffsetError, SegmentError
+from .listing import LONG_MAX, entries, odd_entry, offset_name
 
 
 def segment_name(offset: int) -> str:
@@ -27,7 +28,7 @@ def segment_name(offset: int) -> str:
 class SegmentProblem:
     """Something odd about a segment queue's files; readers carry on around it."""
 
-    code: str  # stray-file | wrong-size | gap | misaligned | empty-file | unreadable
+    code: str  # stray-file | symlink | special-file | wrong-size | gap | misaligned | empty-file
     path: str
     offset: int | None
     detail: str
@@ -96,24 +97,25 @@ class SegmentQueue:
         self._load()
 
     def _load(self) -> None:
-        found: dict[int, Path] = {}
+        found: dict[int, tuple[Path, int]] = {}
         for d in self.dirs:
-            if not d.is_dir():
-                continue
-            for p in sorted(d.iterdir()):
-                if not SEGMENT_NAME.match(p.name) or not p.is_file():
-                    self.problems.append(SegmentProblem(
-                        "stray-file", str(p), None,
-                        f"not a {self.kind} segment (names are 20 digits)"))
+            # The directory itself may be a link to another disk; nothing inside is followed.
+            for e in entries(d):
+                odd = odd_entry(e)
+                if odd is not None:
+                    self.problems.append(SegmentProblem(odd[0], str(e.path), None, odd[1]))
                     continue
-                found[int(p.name)] = p
+                start = offset_name(e.name) if e.kind == "file" else None
+                if start is None or start > LONG_MAX - self.segment_size:
+                    why = (f"not a {self.kind} segment (names are 20 digits)"
+                           if not SEGMENT_NAME.match(e.name) or e.kind != "file" else
+                           f"name {e.name} is past the largest {self.kind} offset (2^63-1): "
+                           "the broker cannot load it")
+                    self.problems.append(SegmentProblem("stray-file", str(e.path), None, why))
+                    continue
+                found[start] = (e.path, e.size)
         for start in sorted(found):
-            p = found[start]
-            try:
-                size = p.stat().st_size
-            except OSError as e:
-                self.problems.append(SegmentProblem("unreadable", str(p), start, e.strerror or str(e)))
-                continue
+            p, size = found[start]
             if start % self.segment_size:
                 self.problems.append(SegmentProblem(
                     "misaligned", str(p), start,

@@ -114,7 +114,8 @@ def list_store(store: str, *, segment_size: int | None = None, conf=None) -> Sto
     """The CommitLog files of a store root (local path or URI), with the geometry the
     readers need. Local stores take geometry from :func:`rmqstore.config.load_config`
     (broker.conf > files > defaults); remote ones from the file lengths."""
-    from .config import SEGMENT_NAME, load_config
+    from .config import load_config
+    from .listing import LONG_MAX, entries, offset_name
 
     if not is_remote(store):
         root = _local(store)
@@ -122,15 +123,15 @@ def list_store(store: str, *, segment_size: int | None = None, conf=None) -> Sto
             raise NotAStoreError("no such store directory", store)
         overrides = {"mapped_file_size_commit_log": segment_size} if segment_size else None
         cfg = load_config(root, conf, overrides)
-        found: dict[int, str] = {}
+        found: dict[int, tuple[str, int]] = {}
         for d in cfg.commit_log_dirs:
-            if d.is_dir():
-                for p in d.iterdir():
-                    if SEGMENT_NAME.match(p.name) and p.is_file():
-                        found[int(p.name)] = str(p)
+            for e in entries(d):  # links inside the store are not followed
+                start = offset_name(e.name) if e.kind == "file" else None
+                if start is not None and start <= LONG_MAX - cfg.mapped_file_size_commit_log:
+                    found[start] = (str(e.path), e.size)
         if not found and not any(d.is_dir() for d in cfg.commit_log_dirs):
             raise NotAStoreError("no commitlog directory", store)
-        files = [(found[s], s, os.path.getsize(found[s])) for s in sorted(found)]
+        files = [(found[s][0], s, found[s][1]) for s in sorted(found)]
         return StoreFiles(store, cfg.mapped_file_size_commit_log, cfg.max_message_size + 65536,
                           files, cfg.delay_millis)
     from pyarrow import fs as pafs
@@ -139,7 +140,7 @@ def list_store(store: str, *, segment_size: int | None = None, conf=None) -> Sto
     infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
     prefix = store.rstrip("/") + "/commitlog/"
     files = sorted((prefix + i.base_name, int(i.base_name), i.size) for i in infos
-                   if i.type == pafs.FileType.File and SEGMENT_NAME.match(i.base_name))
+                   if i.type == pafs.FileType.File and offset_name(i.base_name) is not None)
     files = [(p, s, n) for p, s, n in sorted(files, key=lambda f: f[1])]
     if not files:
         raise NotAStoreError("no commitlog segment files", store)

@@ -68,9 +68,9 @@ def queue_stats(records: RecordColumns) -> list[QueueStats]:
     if n == 0:
         return []
     names, tid = records.topic_table()
-    qid = records.queue_id
+    qid = records.queue_id.astype(np.int64)  # int32 ids minus the smallest can overflow
     qmin = int(qid.min())
-    key = tid * (int(qid.max()) - qmin + 1) + (qid - qmin)
+    key = tid.astype(np.int64) * (int(qid.max()) - qmin + 1) + (qid - qmin)
     order = np.argsort(key, kind="stable")
     k = key[order]
     starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])

@@ -39,6 +39,7 @@ from . import layout as L
 from .commitlog import check_record
 from .config import SEGMENT_NAME, StoreConfig, load_config
 from .errors import NotAStoreError
+from .listing import entries, odd_entry
 from .redispatch import StoreScan
 from .segments import SegmentQueue
 
@@ -56,6 +57,9 @@ CODES = {
     "record-body-crc": (ERROR, "a record inside the log whose body fails its CRC"),
     "record-physical-offset": (WARNING, "a record whose PHYSICALOFFSET differs from its position"),
     "stray-file": (ERROR, "a file where the broker expects only segment or index files"),
+    "symlink": (ERROR, "a symbolic link below commitlog/, consumequeue/ or index/: never followed, moved or deleted"),
+    "special-file": (ERROR, "a FIFO, socket or device inside the store: never read, moved or deleted"),
+    "record-topic-unsafe": (ERROR, "records whose topic cannot be a directory name ('/', '..', NUL, too long)"),
     "rebuild-leftover": (WARNING, "scratch directory of an interrupted rmqstore rebuild"),
     "cq-segment": (ERROR, "a ConsumeQueue segment with a bad name, size or place"),
     "cq-hole": (ERROR, "units after an empty unit: the broker's load stops at the hole"),
@@ -201,6 +205,9 @@ def check_commitlog(c: Collector, queue: SegmentQueue, scan: StoreScan, cp, abor
     size = queue.segment_size
     facts = {"debris": None}
     for p in queue.problems:
+        if p.code in ("symlink", "special-file"):
+            c.add(p.code, p.path, None, p.detail)
+            continue
         code = "stray-file" if p.code == "stray-file" else "commitlog-segment"
         c.add(code, p.path, None, f"{p.code}: {p.detail}" + (
             "; the broker cannot load a CommitLog holding it" if code == "stray-file" else ""))
@@ -285,11 +292,32 @@ def _seg_index(segs, off: int) -> int:
     return max(0, int(np.searchsorted(starts, off, side="right")) - 1)
 
 
+def check_topics(c: Collector, queue: SegmentQueue, scan: StoreScan) -> None:
+    """Valid records whose topic cannot be a directory name (spec §6.1 makes it one). The
+    topic is not covered by the CRC (§3.1): one flipped bit turns ``o`` into ``/``."""
+    from .names import shown, topic_problem
+    from .rebuild import unsafe_topics
+
+    for topic, off in unsafe_topics(scan):
+        seg = queue.segments[_seg_index(queue.segments, off)]
+        c.add("record-topic-unsafe", seg.path, off - seg.start,
+              f"the record at CommitLog offset {off} has topic {shown(topic)}: "
+              f"{topic_problem(topic)}; it cannot be a ConsumeQueue directory. The record is "
+              "kept; rebuild refuses and repair leaves its queue unwritten (likely damage: "
+              "topic bytes are not covered by the CRC)", commitLogOffset=off, topic=topic)
+
+
 def stray_dirs(c: Collector, root: Path) -> None:
     from .rebuild import SCRATCH_PREFIX
 
-    for p in sorted(root.iterdir()) if root.is_dir() else []:
-        if p.name.startswith(SCRATCH_PREFIX):
+    for e in entries(root):
+        p = e.path
+        if not e.name.startswith(SCRATCH_PREFIX):
+            continue
+        odd = odd_entry(e)
+        if odd is not None:
+            c.add(odd[0], p, None, odd[1])
+        else:
             c.add("rebuild-leftover", p, None,
                   "left by an interrupted `rmqstore rebuild`; the store's own files are intact "
                   "(the swap had not happened); repair removes it")
@@ -331,6 +359,7 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
         scan = scan_commitlog(cfg, check_crc=check_crc, processes=processes,
                               progress=progress, queue=q)
         facts = check_commitlog(c, q, scan, cp, abort)
+        check_topics(c, q, scan)
         d = dispatched(scan)
         check_consume_queues(c, root, cfg, scan, d, q.min_offset, facts)
         check_index(c, root, cfg, scan, d, deep=deep)

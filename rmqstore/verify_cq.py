@@ -15,6 +15,8 @@ import numpy as np
 from . import layout as L
 from .consumequeue import UNIT, ConsumeQueue, list_queues
 from .errors import RmqStoreError
+from .listing import entries, offset_name
+from .names import is_safe_topic
 from .spans import sorted_isin
 
 _EMPTY = np.zeros(0, np.int64)
@@ -30,10 +32,11 @@ def _raw_nonzero_after(cq: ConsumeQueue, qdir: Path, file_size: int) -> int | No
     """Queue offset of the first non-zero unit after the recovered end, if any (a hole:
     the broker's load stops at the first empty unit and never sees what follows)."""
     end_byte = cq.max_offset * UNIT
-    for p in sorted(qdir.iterdir()):
-        if not (p.is_file() and p.name.isdigit() and len(p.name) == 20):
+    for e in entries(qdir):
+        start = offset_name(e.name) if e.kind == "file" else None
+        if start is None:
             continue
-        start = int(p.name)
+        p = e.path
         if start + file_size <= end_byte:
             continue
         data = np.fromfile(p, dtype=np.uint8)
@@ -49,7 +52,10 @@ def check_consume_queues(c, root: Path, cfg, scan, d, min_offset: int, facts: di
     end = scan.end
     listing = list_queues(root)
     for p in listing.problems:
-        c.add("stray-file", p.path, None, f"{p.code}: {p.detail} (under consumequeue/)")
+        if p.code in ("symlink", "special-file"):
+            c.add(p.code, p.path, None, p.detail)
+        else:
+            c.add("stray-file", p.path, None, f"{p.code}: {p.detail} (under consumequeue/)")
     valid_off = scan.records("offset")
     debris = facts.get("debris")
     # The broker's reput after a start begins at the largest unit end over all queues,
@@ -64,7 +70,9 @@ def check_consume_queues(c, root: Path, cfg, scan, d, min_offset: int, facts: di
             continue
         with cq:
             for p in cq.problems:
-                if p.code == "stray-file":
+                if p.code in ("symlink", "special-file"):
+                    c.add(p.code, p.path, None, p.detail)
+                elif p.code == "stray-file":
                     c.add("stray-file", p.path, None, f"{p.detail} (in a ConsumeQueue directory)")
                 elif p.code != "beyond-end":
                     c.add("cq-segment", p.path, None, f"{p.code}: {p.detail}")
@@ -87,6 +95,8 @@ def check_consume_queues(c, root: Path, cfg, scan, d, min_offset: int, facts: di
                 tails[ref.topic, ref.queue_id] = int(off[k] + size[k])
     reput_from = max([min_offset, *tails.values()]) if tails else min_offset
     for key in sorted(set(state) | set(d.units)):
+        if not is_safe_topic(key[0]):
+            continue  # never a directory: verify reports the records (record-topic-unsafe)
         exp = d.units.get(key, (_EMPTY,) * 4)
         if key not in state:
             eqo, ephy = exp[0], exp[1]

@@ -18,6 +18,7 @@ import numpy as np
 from . import layout as L
 from .errors import RmqStoreError
 from .index import IndexFile, IndexGeometry
+from .listing import entries, odd_entry, offset_name
 from .spans import sorted_isin
 
 
@@ -25,12 +26,17 @@ def _files(c, index_dir: Path, geometry: IndexGeometry) -> list[IndexFile]:
     out = []
     if not index_dir.is_dir():
         return out
-    for p in sorted(index_dir.iterdir()):
-        if not (p.is_file() and p.name.isdigit() and len(p.name) == 17):
+    for e in entries(index_dir):
+        p = e.path
+        odd = odd_entry(e)
+        if odd is not None:
+            c.add(odd[0], p, None, odd[1])
+            continue
+        if not (e.kind == "file" and offset_name(e.name, 17) is not None):
             c.add("stray-file", p, None, "not an IndexFile (names are 17 digits); the broker "
                   "would map it as one on load")
             continue
-        size = os.stat(p).st_size
+        size = e.size
         if size != geometry.file_size:
             c.add("index-file", p, None, f"{size} bytes, but maxHashSlotNum="
                   f"{geometry.hash_slot_num}, maxIndexNum={geometry.index_num} give "
@@ -43,7 +49,8 @@ def _files(c, index_dir: Path, geometry: IndexGeometry) -> list[IndexFile]:
     return out
 
 
-def _check_file(c, f: IndexFile, valid_off, end: int, min_offset: int) -> None:
+def _check_file(c, f: IndexFile, valid_off, end: int, min_offset: int,
+                odd: np.ndarray | None = None) -> None:
     g, h = f.geometry, f.header
     ic = h.index_count
     entry_at = lambda e: g.entries_start + e * L.INDEX_ENTRY_SIZE  # noqa: E731
@@ -105,7 +112,10 @@ def _check_file(c, f: IndexFile, valid_off, end: int, min_offset: int) -> None:
         c.add("index-chain", f.path, 40, "; ".join(chain) +
               " (repair rebuilds the file from the CommitLog)")
     if n:
-        beyond = np.flatnonzero(phy >= end)
+        far = phy >= end
+        if odd is not None and len(odd):
+            far &= ~sorted_isin(phy, odd)  # a record's stored PHYSICALOFFSET: see check_index
+        beyond = np.flatnonzero(far)
         if len(beyond):
             c.add("index-beyond-end", f.path, entry_at(int(beyond[0]) + 1),
                   f"{len(beyond)} entr(y/ies) point at or past the CommitLog end {end} (first "
@@ -207,11 +217,19 @@ def check_index(c, root: Path, cfg, scan, d, *, deep: bool = False) -> None:
     geometry = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
     files = _files(c, index_dir, geometry)
     try:
-        valid_off = scan.records("offset")  # positions: sorted (PHYSICALOFFSET is checked apart)
+        pos = scan.records("offset")  # positions: sorted
+        stored = scan.records("physical_offset")
+        # Index entries carry the stored PHYSICALOFFSET (§7.3): where it differs from the
+        # position (reported as record-physical-offset), an entry pointing at it is what
+        # dispatch writes, and re-indexing would write it again.
+        odd = np.unique(stored[stored != pos])
+        valid_off = np.union1d(pos, odd) if len(odd) else pos
         min_offset = int(scan.parts[0].start) if scan.parts else 0
         for f in files:
-            _check_file(c, f, valid_off, scan.end, min_offset)
+            _check_file(c, f, valid_off, scan.end, min_offset, odd)
         ko = d.key_offset  # CommitLog order: sorted, so unique is a diff
+        if len(odd):
+            ko = np.unique(ko[~sorted_isin(ko, odd)])
         keyed = ko[np.r_[True, ko[1:] != ko[:-1]]] if len(ko) else ko
         _coverage(c, files, keyed, min_offset, index_dir)
         if deep:

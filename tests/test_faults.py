@@ -23,6 +23,7 @@ from rmqstore.checkpoint import Checkpoint, write_checkpoint
 from rmqstore.codec import Message
 from rmqstore.config import StoreConfig
 from rmqstore.consumequeue import list_queues
+from rmqstore.errors import RefusedError
 from rmqstore.reader import open_store
 from rmqstore.recovery import plan_repair, repair
 from rmqstore.store import MessageStore
@@ -172,6 +173,10 @@ FAULTS = [torn_last, zeroed_tail, garbage_tail, bit_flip_in_body, truncated_segm
           missing_middle_segment, cq_units_past_end, deleted_index_file, stale_checkpoint,
           stray_files]
 
+#: Faults that leave CRC-valid records after the end of valid data: repair refuses to drop
+#: them without ``allow_data_loss`` (rmqstore.guard).
+NEEDS_OVERRIDE = {missing_middle_segment}
+
 runner = CliRunner()
 
 
@@ -205,7 +210,14 @@ def run_fault(fault, base: Path, work: Path, seed: int) -> None:
             and (pos is None or f.offset == pos)]
     assert hits, (code, file, pos, [(f.code, f.file, f.offset) for f in report.findings])
     _read_only_commands(store)
-    result = repair(store, backup_dir=work / "backup", config=cfg)
+    override = fault in NEEDS_OVERRIDE
+    if override:
+        # Valid records lie after the break: repair refuses, changing nothing, unless told.
+        unchanged = tree_hashes(store)
+        with pytest.raises(RefusedError, match="--allow-data-loss"):
+            repair(store, backup_dir=work / "refused", config=cfg)
+        assert tree_hashes(store) == unchanged and not (work / "refused").exists()
+    result = repair(store, backup_dir=work / "backup", config=cfg, allow_data_loss=override)
     assert result.executed
     after = verify(store, deep=True, config=cfg)
     assert after.ok, [(f.code, f.file, f.explanation) for f in after.problems]

@@ -91,11 +91,14 @@ def read_units(root: str, topic: str, queue_id: int, file_size: int):
     from pathlib import Path
 
     from ..consumequeue import ConsumeQueue
+    from ..names import is_safe_topic
 
+    z = np.zeros(0, np.int64)
+    if not is_safe_topic(topic):
+        return z, z, z, z  # a topic from a record that cannot be a directory: no queue
     path = Path(root) / "consumequeue" / topic / str(queue_id)
-    if not path.is_dir():
-        z = np.zeros(0, np.int64)
-        return z, z, z, z
+    if path.parent.is_symlink() or path.is_symlink() or not path.is_dir():
+        return z, z, z, z  # links inside the store are never read through
     with ConsumeQueue(path, file_size) as cq:
         u = cq.units
         qo = cq.base_offset + np.arange(len(u), dtype=np.int64)

@@ -405,6 +405,7 @@ def rebuild_cq(spark: SparkSession, store: str, out: str, *, split_size: int = S
 
     from ..config import load_config
     from ..consumequeue import build_consume_queue
+    from ..names import is_safe_topic, queue_dir
 
     if S.is_remote(out) or S.is_remote(store):
         from ..errors import InputError
@@ -423,6 +424,10 @@ def rebuild_cq(spark: SparkSession, store: str, out: str, *, split_size: int = S
     def per_queue(pdf: pd.DataFrame) -> pd.DataFrame:
         topic, qid = pdf["topic"].iloc[0], int(pdf["queueId"].iloc[0])
         pdf = pdf.sort_values("commitLogOffset", kind="stable")  # dispatch order (spec §9)
+        first = int(pdf["commitLogOffset"].iloc[0])
+        if not is_safe_topic(topic):  # never a path: the driver refuses, naming the record
+            return pd.DataFrame({"topic": [topic], "queueId": [qid], "units": [-1],
+                                 "first": [first]})
         tmp = posixpath.join(out_abs, "_temporary", job, f"{uuid.uuid4().hex}")
         n = build_consume_queue(tmp, pdf["queueOffset"].to_numpy("int64"),
                                 pdf["commitLogOffset"].to_numpy("int64"), pdf["size"].to_numpy("int64"),
@@ -434,12 +439,15 @@ def rebuild_cq(spark: SparkSession, store: str, out: str, *, split_size: int = S
         except OSError:
             import shutil
             shutil.rmtree(tmp, ignore_errors=True)  # another attempt finished this queue
-        return pd.DataFrame({"topic": [topic], "queueId": [qid], "units": [n]})
+        return pd.DataFrame({"topic": [topic], "queueId": [qid], "units": [n], "first": [first]})
 
     progress("writing queues")
     rows = units.groupBy("topic", "queueId").applyInPandas(
-        per_queue, "topic string, queueId int, units long").collect()
+        per_queue, "topic string, queueId int, units long, first long").collect()
     import shutil
 
     shutil.rmtree(os.path.join(out_abs, "_temporary"), ignore_errors=True)
+    bad = sorted((r["first"], r["topic"]) for r in rows if r["units"] < 0)
+    if bad:
+        queue_dir(out_abs, bad[0][1], 0, where=store, offset=bad[0][0])  # raises UnsafePathError
     return RebuildResult(out, len(rows), sum(r["units"] for r in rows), st.ends[store])
