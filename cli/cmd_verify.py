@@ -158,7 +158,7 @@ def _show_steps(plan, out: Output) -> None:
     refused = [{"action": s.action, "path": s.path, "why": why} for s, why in plan.refused]
     out.rows(refused, ("action", "path", "why"), key="refused", items=False, table=False)
     for r in refused:
-        out.warn(f"needs --allow-data-loss: {r['action']} {r['path']}: {r['why']}")
+        out.warn(f"note: needs --allow-data-loss: {r['action']} {r['path']}: {r['why']}")
 
 
 @app.command()

@@ -514,7 +514,11 @@ def test_commitlog_segments_of_conflicting_sizes_need_config_to_write(basic, tmp
     assert tree_hashes(basic) == before
     c = conf(tmp_path, "mappedFileSizeCommitLog=65536\n")
     assert load_config(basic, c).sources["mapped_file_size_commit_log"].startswith("broker.conf")
-    assert cli("repair", basic, "--dry-run", "-c", c)[0] == 1  # a plan, from the setting
+    # A plan, from the setting; it would move a segment of valid records after the cut
+    # first segment, so the guard refuses it without --allow-data-loss.
+    code, _, err = cli("repair", basic, "--dry-run", "-c", c)
+    assert code == 2 and "--allow-data-loss" in _error_line(err)
+    assert cli("repair", basic, "--dry-run", "-c", c, "--allow-data-loss")[0] == 1
     c = conf(tmp_path, "mappedFileSizeCommitLog=40000\n")  # smaller than a file: impossible
     code, _, err = cli("stats", basic, "-c", c)
     assert code == 2 and "50000" in _error_line(err)
