@@ -1,0 +1,77 @@
+"""UNIQ_KEY, the client message id, taken apart (spec §5.2, RocketMQ's MessageClientIDSetter).
+
+Bytes (shown as 32 or 56 uppercase hex characters): client IP (4 or 16 bytes), the low 16
+bits of the process id, the class loader's hashCode (i32), milliseconds since the start of
+the producer's month in its local zone (read unsigned), and a 16-bit counter.
+
+The month is not in the id. RocketMQ guesses it from "now"; offline we take the record's
+store time instead: the id was made before the record was stored, so the month is the
+latest one in which ``month start + span`` is not after the store time (a day of slack
+absorbs clock skew and a wrong zone guess). The producer's zone is not stored either:
+the caller chooses it (``--tz``, ``RMQSTORE_TZ``, UTC), and a wrong guess shifts the time by
+the zones' difference.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+from .codec import Host
+from .times import resolve_tz
+
+_SLACK_MS = 24 * 3600 * 1000
+_month_cache: dict = {}
+
+
+def _month_starts(ref_ms: int, tz) -> tuple[int, int, int]:
+    """Epoch ms of the start of the month holding ``ref_ms`` in ``tz`` and of the two
+    before it (cached per quarter hour: zone offsets are whole quarter hours)."""
+    key = (ref_ms // 900_000, tz)
+    got = _month_cache.get(key)
+    if got is None:
+        when = (_dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+                + _dt.timedelta(milliseconds=ref_ms)).astimezone(tz)
+        y, m = when.year, when.month
+        out = []
+        for _ in range(3):
+            start = _dt.datetime(y, m, 1, tzinfo=tz)
+            out.append(int(start.timestamp() * 1000))
+            y, m = (y, m - 1) if m > 1 else (y - 1, 12)
+        if len(_month_cache) > 4096:
+            _month_cache.clear()
+        got = _month_cache[key] = tuple(out)
+    return got
+
+
+def uniq_key_info(uniq_key: str | None, ref_ms: int | None = None, tz=None) -> dict | None:
+    """``{"ip", "pid", "classLoaderHash", "time", "counter"}`` for a UNIQ_KEY, or None when it
+    is absent or not an id of that shape. ``time`` (epoch ms) needs ``ref_ms``, the record's
+    store time; it is None without one."""
+    if not uniq_key or len(uniq_key) not in (32, 56):
+        return None
+    try:
+        raw = bytes.fromhex(uniq_key)
+    except ValueError:
+        return None
+    ip_len = len(raw) - 12
+    span = int.from_bytes(raw[ip_len + 6:ip_len + 10], "big")
+    time = None
+    if ref_ms is not None:
+        try:
+            starts = _month_starts(ref_ms, resolve_tz(tz))
+        except (OverflowError, OSError, ValueError):
+            starts = ()
+        for start in starts:
+            if start + span <= ref_ms + _SLACK_MS:
+                time = start + span
+                break
+    return {
+        "ip": str(Host(raw[:ip_len], 0)).rsplit(":", 1)[0].strip("[]"),
+        "pid": int.from_bytes(raw[ip_len:ip_len + 2], "big"),
+        "classLoaderHash": int.from_bytes(raw[ip_len + 2:ip_len + 6], "big", signed=True),
+        "time": time,
+        "counter": int.from_bytes(raw[ip_len + 10:], "big"),
+    }
+
+
+__all__ = ["uniq_key_info"]
