@@ -208,8 +208,12 @@ def test_truncated_segment_and_garbage(broken):
     garbage.write_bytes(bytes(data))
     (broken / "commitlog" / "notes.txt").write_text("stray")
     before = tree_hashes(broken)
-    rows = jsonl(run("dump", broken, "-f", "jsonl", "--body", "none"))
+    code, out, err = _cli("dump", broken, "-f", "jsonl", "--body", "none")
+    rows = [json.loads(line) for line in out.splitlines()]
     assert rows and max(r["commitLogOffset"] for r in rows) < 131072 + 30000
+    # the data ends in damage: everything readable is printed, one warning line, exit 1
+    assert code == 1 and "dump stopped early at" in err and "00000000000000131072 @ offset" in err
+    _one_clean_line(err)
     s = json.loads(run("stats", broken, "-f", "json").stdout)
     codes = {p["code"] for p in s["commitLog"]["problems"]}
     assert {"wrong-size", "stray-file"} <= codes
