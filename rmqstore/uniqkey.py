@@ -15,6 +15,7 @@ the zones' difference.
 from __future__ import annotations
 
 import datetime as _dt
+import re
 
 from .codec import Host
 from .times import resolve_tz
@@ -43,35 +44,47 @@ def _month_starts(ref_ms: int, tz) -> tuple[int, int, int]:
     return got
 
 
+_HEX = re.compile(r"[0-9A-Fa-f]+")
+_prefix_cache: dict[str, tuple[str, int, int]] = {}
+
+
+def _prefix(fixed: str) -> tuple[str, int, int]:
+    """(ip, pid, classLoaderHash) of the part a producer process repeats in every id."""
+    got = _prefix_cache.get(fixed)
+    if got is None:
+        raw = bytes.fromhex(fixed)
+        ip_len = len(raw) - 6
+        got = (str(Host(raw[:ip_len], 0)).rsplit(":", 1)[0].strip("[]"),
+               int.from_bytes(raw[ip_len:ip_len + 2], "big"),
+               int.from_bytes(raw[ip_len + 2:], "big", signed=True))
+        if len(_prefix_cache) > 4096:
+            _prefix_cache.clear()
+        _prefix_cache[fixed] = got
+    return got
+
+
 def uniq_key_info(uniq_key: str | None, ref_ms: int | None = None, tz=None) -> dict | None:
     """``{"ip", "pid", "classLoaderHash", "time", "counter"}`` for a UNIQ_KEY, or None when it
     is absent or not an id of that shape. ``time`` (epoch ms) needs ``ref_ms``, the record's
     store time; it is None without one."""
-    if not uniq_key or len(uniq_key) not in (32, 56):
+    if not uniq_key or len(uniq_key) not in (32, 56) or not _HEX.fullmatch(uniq_key):
         return None
-    try:
-        raw = bytes.fromhex(uniq_key)
-    except ValueError:
-        return None
-    ip_len = len(raw) - 12
-    span = int.from_bytes(raw[ip_len + 6:ip_len + 10], "big")
+    n = len(uniq_key)
+    ip, pid, loader = _prefix(uniq_key[:n - 12])
+    span = int(uniq_key[n - 12:n - 4], 16)  # unsigned: it wraps after ~24.8 days (spec §5.2)
     time = None
     if ref_ms is not None:
+        zone = tz if isinstance(tz, _dt.tzinfo) else resolve_tz(tz)
         try:
-            starts = _month_starts(ref_ms, resolve_tz(tz))
+            starts = _month_starts(ref_ms, zone)
         except (OverflowError, OSError, ValueError):
             starts = ()
         for start in starts:
             if start + span <= ref_ms + _SLACK_MS:
                 time = start + span
                 break
-    return {
-        "ip": str(Host(raw[:ip_len], 0)).rsplit(":", 1)[0].strip("[]"),
-        "pid": int.from_bytes(raw[ip_len:ip_len + 2], "big"),
-        "classLoaderHash": int.from_bytes(raw[ip_len + 2:ip_len + 6], "big", signed=True),
-        "time": time,
-        "counter": int.from_bytes(raw[ip_len + 10:], "big"),
-    }
+    return {"ip": ip, "pid": pid, "classLoaderHash": loader, "time": time,
+            "counter": int(uniq_key[n - 4:], 16)}
 
 
 __all__ = ["uniq_key_info"]
