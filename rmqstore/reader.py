@@ -20,7 +20,7 @@ from .codec import Message, decode_offset_msg_id
 from .commitlog import CommitLog
 from .config import SEGMENT_NAME, StoreConfig, load_config
 from .errors import InputError, NotAStoreError, OffsetError, RmqStoreError
-from .selection import MessageFilter, MessageScan
+from .selection import MessageFilter, MessageScan, release_pages  # noqa: F401 (re-exported)
 from .times import parse_time
 
 LONG_MAX = 2**63 - 1  # Java Long.MAX_VALUE: the open end of a time range
@@ -226,6 +226,12 @@ class KeyQueryResult(list):
 def iter_messages(commitlog: CommitLog, **filters) -> Iterator[Message]:
     """Decoded messages of the CommitLog, filtered (see :meth:`StoreReader.messages`)."""
     yield from MessageScan(commitlog, MessageFilter.make(**filters)).messages()
+
+
+def iter_selected(commitlog: CommitLog, **filters):
+    """(columns, indices) per window of a segment for the valid records that pass the
+    filters, in physical order (see :meth:`MessageScan.chunks`)."""
+    yield from MessageScan(commitlog, MessageFilter.make(**filters)).chunks()
 
 
 def open_store(path: str | os.PathLike, conf: str | os.PathLike | None = None,

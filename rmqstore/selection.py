@@ -14,14 +14,15 @@ false and counted in :attr:`MessageScan.bad_crc`.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import numpy as np
 
 from .codec import Message, parse_properties, split_keys
 from .errors import InputError
-from .scan import scan_buffer
+from .scan import scan_windows
 from .times import parse_time
 
 #: Why a walk stopped, when that means the data ends in damage (spec §10.1, §10.5).
@@ -178,13 +179,15 @@ class MessageScan:
         self.bad_crc = 0
 
     def chunks(self) -> Iterator[tuple[object, np.ndarray]]:
-        """(columns, indices) per segment for the records that pass, at most ``limit``."""
+        """(columns, indices) per window of a segment for the records that pass, at most
+        ``limit`` in all."""
         f = self.filter
         segs = self.commitlog.segments
         if not segs:
             self.stop = ScanStop(0, "end")
             return
         start = segs[0].start if f.from_offset is None else max(f.from_offset, segs[0].start)
+        scan = None
         for k, seg in enumerate(segs):
             if f.to_offset is not None and seg.start >= f.to_offset:
                 self.stop = ScanStop(seg.start, "to-offset", str(seg.path))
@@ -197,27 +200,39 @@ class MessageScan:
                 return
             if f.from_offset is not None and seg.end <= f.from_offset:
                 continue
-            scan = scan_buffer(seg.buffer(), seg.start, seg.readable_size)
-            cols = scan.records
-            chosen = f.select(cols, start)
-            if f.limit is not None:
-                chosen = chosen[:max(f.limit - self.given, 0)]
-            if len(chosen):
-                self.bad_crc += int((~cols.take(chosen).crc_ok()).sum())
-                self.given += len(chosen)
-                yield cols, chosen
-            if f.limit is not None and self.given >= f.limit:
-                self.stop = ScanStop(int(cols.offset[chosen[-1]]) if len(chosen) else seg.start,
-                                     "limit", str(seg.path))
-                return
-            if f.max_bytes is not None and scan.end > start + f.max_bytes:
-                self.stop = ScanStop(start + f.max_bytes, "max-bytes", str(seg.path))
-                return
+            # A window at a time, its pages let go once handed over: memory stays at a
+            # window's columns whatever the segment's size.
+            buf = seg.buffer()
+            released = 0
+            for scan in scan_windows(buf, seg.start, seg.readable_size):
+                cols = scan.records
+                chosen = f.select(cols, start)
+                if f.limit is not None:
+                    chosen = chosen[:max(f.limit - self.given, 0)]
+                if len(chosen):
+                    self.bad_crc += int((~cols.take(chosen).crc_ok()).sum())
+                    self.given += len(chosen)
+                    yield cols, chosen
+                if f.limit is not None and self.given >= f.limit:
+                    self.stop = ScanStop(int(cols.offset[chosen[-1]]) if len(chosen) else seg.start,
+                                         "limit", str(seg.path))
+                    return
+                if f.to_offset is not None and scan.end >= f.to_offset:
+                    self.stop = ScanStop(f.to_offset, "to-offset", str(seg.path))
+                    return
+                if f.max_bytes is not None and scan.end > start + f.max_bytes:
+                    self.stop = ScanStop(start + f.max_bytes, "max-bytes", str(seg.path))
+                    return
+                if not seg.writable:
+                    released = release_pages(buf, released, scan.end - seg.start)
             if scan.stop not in ("blank", "end"):
                 self.stop = ScanStop(scan.end, scan.stop, str(seg.path))
                 return
         last = segs[-1]
-        self.stop = ScanStop(scan.end, scan.stop, str(last.path))
+        if scan is None:  # every segment lies before from_offset
+            self.stop = ScanStop(last.end, "end", str(last.path))
+        else:
+            self.stop = ScanStop(scan.end, scan.stop, str(last.path))
 
     def messages(self) -> Iterator[Message]:
         for cols, chosen in self.chunks():
@@ -233,4 +248,15 @@ class MessageScan:
             yield from message_dicts(cols, body, chosen, charset=charset, tz=tz, sink=sink)
 
 
-__all__ = ["MessageFilter", "MessageScan", "ScanStop", "DAMAGE"]
+def release_pages(buf, done: int, upto: int) -> int:
+    """Drop this process's mapping of a read-only map's pages in ``[done, upto)`` (page
+    aligned down): the data stays in the page cache and is read again if touched, but it
+    no longer counts in the reader's resident memory. Returns the new ``done``."""
+    upto -= upto % mmap.PAGESIZE
+    if upto > done and isinstance(buf, mmap.mmap):
+        buf.madvise(mmap.MADV_DONTNEED, done, upto - done)
+        return upto
+    return done
+
+
+__all__ = ["MessageFilter", "MessageScan", "ScanStop", "DAMAGE", "release_pages"]
