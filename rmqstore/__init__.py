@@ -62,12 +62,23 @@ __all__ = sorted([*_LAZY, "ConfigError", "InputError", "NotAStoreError", "Offset
                   "StoreLockedError", "UnsafePathError", "UnsupportedStoreError", "__version__"])
 
 
+class _CallableModule(types.ModuleType):
+    """A submodule that is also the public function of the same name: ``rmqstore.verify``
+    is the module :mod:`rmqstore.verify` (so ``import rmqstore.verify as v`` and
+    ``from rmqstore.verify import ...`` work as ever) and calling it runs
+    ``rmqstore.verify.verify``."""
+
+    def __call__(self, *args, **kwargs):
+        return getattr(self, self.__name__.rsplit(".", 1)[1])(*args, **kwargs)
+
+
 def __getattr__(name: str):
     try:
         module, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'rmqstore' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(f".{module}", __name__), attr)
+    mod = importlib.import_module(f".{module}", __name__)
+    value = mod if module == name else getattr(mod, attr)
     globals()[name] = value  # later lookups skip this function
     return value
 
@@ -77,14 +88,13 @@ def __dir__():
 
 
 class _Package(types.ModuleType):
-    """Importing a submodule sets it as an attribute of its package. ``verify`` and
-    ``rebuild`` are public functions named like their modules (``rmqstore.verify`` the
-    module holds ``verify`` the function): the function keeps the package name. Modules
-    stay reachable as ``from rmqstore.verify import ...`` and through ``sys.modules``."""
+    """Importing a submodule sets it as an attribute of its package; one named like a
+    public function (verify, rebuild) becomes callable as that function."""
 
     def __setattr__(self, name, value):
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
+        if (name in _LAZY and isinstance(value, types.ModuleType)
+                and type(value) is types.ModuleType and callable(getattr(value, name, None))):
+            value.__class__ = _CallableModule
         super().__setattr__(name, value)
 
 

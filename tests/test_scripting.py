@@ -22,9 +22,14 @@ def test_public_names_resolve_to_the_library_objects():
 
     assert rmqstore.open_store is reader.open_store
     assert rmqstore.parse_time is times.parse_time
-    # functions named like their modules stay functions after the modules are imported
-    assert rmqstore.verify is sys.modules["rmqstore.verify"].verify
-    assert rmqstore.rebuild is sys.modules["rmqstore.rebuild"].rebuild
+    # verify and rebuild are modules too: they stay importable as modules, and callable
+    import rmqstore.rebuild as rb
+
+    assert rmqstore.rebuild is rb and rb.rebuild is sys.modules["rmqstore.rebuild"].rebuild
+    assert hasattr(rb, "scan_commitlog")
+    assert callable(rmqstore.verify) and callable(rmqstore.rebuild)
+    report = rmqstore.verify(REPO / "samples" / "multi-segment")
+    assert report.ok and report.messages == 600
     assert rmqstore.RmqStoreError is errors.RmqStoreError
     for name in rmqstore.__all__:
         assert getattr(rmqstore, name) is not None, name
