@@ -21,6 +21,15 @@ from .bodies import BODY_MODES, body_fields
 from .codec import Host, Message, body_crc, properties_need_text
 from .uniqkey import uniq_key_info
 
+#: Every key a message object can have, in order (csv columns, docs); the body's
+#: companions, propertiesText and store appear only when they apply.
+MESSAGE_FIELDS = ("commitLogOffset", "storeSize", "magic", "bodyCRC", "queueId", "flag",
+                  "queueOffset", "sysFlag", "bornTimestamp", "bornHost", "storeTimestamp",
+                  "storeHost", "reconsumeTimes", "preparedTransactionOffset", "topic",
+                  "properties", "tags", "keys", "uniqKey", "offsetMsgId", "body",
+                  "bodyEncoding", "bodyCharset", "bodyCompression", "storedBody", "bodyNote",
+                  "bodyFile", "propertiesText", "crcOk", "uniqKeyInfo", "store")
+
 
 def encode_body(body: bytes, mode: str) -> str | None:
     if mode == "base64":

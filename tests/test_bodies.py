@@ -190,3 +190,11 @@ def test_uniq_keys_a_broker_made_decode_to_its_store_times():
 
 def test_message_without_uniq_key_has_null_info():
     assert message_dict(Message(topic="T"), "none")["uniqKeyInfo"] is None
+
+
+def test_message_fields_list_every_key_in_order():
+    from rmqstore.view import MESSAGE_FIELDS
+
+    d = message_dict(Message(topic="T", body=zlib.compress(b"x"), sys_flag=1,
+                             properties={"UNIQ_KEY": "0A00000110922A9F1B6D496ED4000007"}), "text")
+    assert [k for k in MESSAGE_FIELDS if k in d] == list(d)
