@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -12,18 +12,52 @@ from cli.common import (BodyMode, ConfigOption, app, fail, handles_errors, parse
 from cli.output import Format, Output, output_options
 
 MESSAGE_COLUMNS = ("commitLogOffset", "storeSize", "topic", "queueId", "queueOffset",
-                   "storeTimestamp", "tags", "keys", "uniqKey", "body")
+                   "storeTimestamp", "tags", "keys", "uniqKey", "crcOk", "body")
 UNIT_COLUMNS = ("queueOffset", "commitLogOffset", "size", "tagsCode")
+MESSAGE_KINDS = ("store", "commitlog-segment")
 # Tables show KEYS tokens as the property holds them, space-separated (a token has no space).
 MESSAGE_CELLS = {"keys": " ".join}
 ENTRY_COLUMNS = ("entry", "slot", "keyHash", "phyOffset", "timeDiff", "prevIndex")
 
+# Options the read commands share (body, charset, body files, time zone).
+BodyOption = typer.Option(None, "--body", help="How to print bodies: text (table default; a body that is not text in --charset is given as base64, and bodyEncoding says so), base64 (JSON default), hex, none, or raw (the stored bytes as base64, not decompressed). Compressed bodies (sysFlag 0x1 with zlib, lz4 or zstd) are decompressed in every mode but raw.")
+CharsetOption = typer.Option("utf-8", "--charset", help="Charset of text bodies for --body text (utf-8, gbk, latin-1, ...).")
+BodyDirOption = typer.Option(None, "--body-dir", help="Also write each body (decompressed) to DIR/<offsetMsgId>; --body then defaults to none. Existing files of that name are replaced, links never followed.", file_okay=False)
+TzOption = typer.Option(None, "--tz", help="Time zone for times given without one and for printed times: an IANA name (Asia/Shanghai), UTC, local, or +08:00. Default: $RMQSTORE_TZ, else UTC.")
+TIME_HELP = "epoch seconds or milliseconds (told apart by magnitude), ISO-8601, or yyyy-MM-dd#HH:mm:ss:SSS"
 
-def _message_rows(messages, body: str):
+
+def _use_tz(tz: Optional[str]) -> None:
+    from rmqstore.errors import InputError
+    from rmqstore.times import set_default_tz
+
+    try:
+        set_default_tz(tz)  # None: back to $RMQSTORE_TZ / UTC
+    except InputError as e:
+        raise fail(f"--tz: {e}") from None
+
+
+def _body_mode(body: Optional[BodyMode], fmt: Format, body_dir: Optional[Path] = None) -> str:
+    if body is not None:
+        return body.value
+    if body_dir is not None:
+        return "none"
+    return "text" if fmt is Format.table else "base64"
+
+
+def _body_options(body, out, charset, body_dir):
+    """(mode, charset, sink) from the body options."""
+    from rmqstore.bodies import BodyDir, check_charset
+
+    return _body_mode(body, out, body_dir), check_charset(charset), \
+        BodyDir(body_dir) if body_dir is not None else None
+
+
+def _message_rows(messages, body: str, charset: str = "utf-8", sink=None):
     from rmqstore.view import message_dict
 
     for m in messages:
-        yield message_dict(m, body)
+        yield message_dict(m, body, charset=charset, sink=sink)
 
 
 def _limited(rows, limit):
@@ -31,12 +65,6 @@ def _limited(rows, limit):
         if limit is not None and i >= limit:
             return
         yield row
-
-
-def _body_mode(body: Optional[BodyMode], fmt: Format) -> str:
-    if body is not None:
-        return body.value
-    return "text" if fmt is Format.table else "base64"
 
 
 def _messages(out: Output, rows) -> int:
@@ -55,47 +83,154 @@ def _index_geometry_known(cfg, where) -> None:
         raise ConfigError(f"{why}; pass --config with both", where)
 
 
+def _scan_warning(out: Output, path, scan) -> bool:
+    """One stderr line when the data ended in damage or bodies failed their CRC; True then."""
+    parts = []
+    if scan.stop is not None and scan.stop.damaged:
+        parts.append(f"dump stopped early at {scan.stop.describe()}; nothing after it was "
+                     f"read (rmqstore verify says more)")
+    if scan.bad_crc:
+        parts.append(f"{scan.bad_crc} message(s) printed with crcOk false (body does not "
+                     "match its CRC)")
+    if parts:
+        damaged_here = scan.stop is not None and scan.stop.damaged and scan.stop.path
+        out.warn("warning: " + ("" if damaged_here else f"{path}: ") + "; ".join(parts))
+    return bool(parts)
+
+
 @app.command()
 @handles_errors
 @output_options
 def dump(
-    path: Path = typer.Argument(..., help="A store root, a CommitLog segment file, a ConsumeQueue folder or file, an IndexFile, or the checkpoint."),
-    topic: Optional[str] = typer.Option(None, "--topic", "-t", help="Only messages (or queues) of this topic."),
-    queue_id: Optional[int] = typer.Option(None, "--queue-id", "-q", help="Only this queue id."),
-    from_offset: Optional[int] = typer.Option(None, "--from-offset", help="Only records at or after this CommitLog offset (queue offset for a ConsumeQueue)."),
-    to_offset: Optional[int] = typer.Option(None, "--to-offset", help="Only records before this CommitLog offset (queue offset for a ConsumeQueue)."),
-    since: Optional[str] = typer.Option(None, "--since", help="Only messages stored at or after this time (epoch ms or ISO-8601)."),
-    until: Optional[str] = typer.Option(None, "--until", help="Only messages stored at or before this time (epoch ms or ISO-8601)."),
-    limit: Optional[int] = typer.Option(None, "--limit", "-n", min=0, help="Stop after this many rows."),
-    body: Optional[BodyMode] = typer.Option(None, "--body", help="How to print bodies: base64 (JSON default, lossless), text (table default), hex, none."),
+    paths: List[Path] = typer.Argument(..., help="Store roots or CommitLog segment files (several are read in turn), or a ConsumeQueue folder or file, an IndexFile, or the checkpoint. The kind of each PATH is recognised from where it sits."),
+    topic: Optional[List[str]] = typer.Option(None, "--topic", "-t", help="Only messages (or queues) of this topic; repeat for several."),
+    queue_id: Optional[List[int]] = typer.Option(None, "--queue-id", "-q", help="Only this queue id; repeat for several."),
+    tag: Optional[List[str]] = typer.Option(None, "--tag", help="Only messages whose TAGS is this tag ('TagA || TagB' for either, '*' for all); repeat for several."),
+    key: Optional[List[str]] = typer.Option(None, "--key", "-k", help="Only messages with this KEYS token; repeat for several."),
+    uniq_key: Optional[List[str]] = typer.Option(None, "--uniq-key", help="Only messages with this UNIQ_KEY (client message id); repeat for several."),
+    from_offset: Optional[int] = typer.Option(None, "--from-offset", min=0, help="Only records at or after this CommitLog offset (queue offset for a ConsumeQueue)."),
+    to_offset: Optional[int] = typer.Option(None, "--to-offset", min=0, help="Only records before this CommitLog offset (queue offset for a ConsumeQueue)."),
+    since: Optional[str] = typer.Option(None, "--since", help=f"Only messages stored at or after this time: {TIME_HELP}."),
+    until: Optional[str] = typer.Option(None, "--until", help=f"Only messages stored at or before this time: {TIME_HELP}."),
+    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", min=0, help="Read at most this many CommitLog bytes from where the dump starts, per store (a record counts whole)."),
+    limit: Optional[int] = typer.Option(None, "--limit", "-n", min=0, help="Stop after this many rows (over all PATHs)."),
+    follow: bool = typer.Option(False, "--follow", "-F", help="Keep reading as the store grows (read-only; never takes the lock; survives segment rolls). Starts at the end unless --from-offset or --since says where. Ctrl-C ends it."),
+    body: Optional[BodyMode] = BodyOption,
+    charset: str = CharsetOption,
+    body_dir: Optional[Path] = BodyDirOption,
+    tz: Optional[str] = TzOption,
     config: Optional[Path] = ConfigOption,
     *, out: Output,
 ) -> None:
     """Print what a store or store file holds: messages in physical order, ConsumeQueue
-    units, IndexFile entries, or the checkpoint. The kind of PATH is recognised from
-    where it sits."""
-    from rmqstore.reader import classify, open_segment_file, open_store
+    units, IndexFile entries, or the checkpoint.
 
+    Exit 1 when a message dump ends in damage (a torn or garbled record, a missing
+    segment) or printed a message whose body fails its CRC (crcOk false); everything
+    readable is still printed, and one warning line on stderr says where."""
+    from rmqstore.config import load_config
+    from rmqstore.reader import classify
+
+    _use_tz(tz)
+    kinds = [classify(p) for p in paths]
+    t_since, t_until = parse_time(since, "--since"), parse_time(until, "--until")
+    mode, charset, sink = _body_options(body, out.fmt, charset, body_dir)
+    # A file inside a store is read with the store's settings, checked like the store's.
+    cfgs = {}
+    for p, k in zip(paths, kinds):
+        if k.root is not None and k.kind != "store":
+            cfgs[p] = cfg = load_config(k.root, config)
+            if k.kind == "indexfile":
+                _index_geometry_known(cfg, k.path)
+            report_config(cfg)
+    filters = dict(topic=topic or None, queue_id=queue_id or None, tag=tag or None,
+                   key=key or None, uniq_key=uniq_key or None, since=t_since, until=t_until,
+                   from_offset=from_offset, to_offset=to_offset, max_bytes=max_bytes)
+    if follow:
+        if len(paths) != 1 or kinds[0].kind != "store":
+            raise fail("--follow needs exactly one store root")
+        if out.fmt is Format.json:
+            raise fail("--follow streams rows: use --format jsonl or table")
+        _follow(paths[0], config, filters, limit, out, mode, charset, sink)
+        return
+    if all(k.kind in MESSAGE_KINDS for k in kinds):
+        damaged = _dump_messages(list(zip(paths, kinds)), config, filters, limit, out, mode,
+                                 charset, sink)
+        if damaged:
+            raise typer.Exit(1)
+        return
+    damaged = False
+    for p, k in zip(paths, kinds):
+        if k.kind in MESSAGE_KINDS:
+            damaged |= _dump_messages([(p, k)], config, filters, limit, out, mode, charset, sink)
+        else:
+            _dump_file(p, k, cfgs.get(p), config, from_offset, to_offset, limit, out)
+    if damaged:
+        raise typer.Exit(1)
+
+
+def _open(path, kind, config):
+    from rmqstore.reader import open_segment_file, open_store
+
+    return open_store(path, config) if kind.kind == "store" else open_segment_file(path, config)
+
+
+def _dump_messages(targets, config, filters, limit, out, mode, charset, sink) -> bool:
+    """Messages of every target, streamed as one list of rows; True when one ended in damage."""
+    from rmqstore.selection import MessageFilter
+
+    state = {"left": limit, "damaged": False}
+
+    def rows():
+        for path, kind in targets:
+            if state["left"] == 0:
+                return
+            with _open(path, kind, config) as reader:
+                if kind.kind == "store":
+                    report_config(reader.config)
+                scan = reader.scan(MessageFilter.make(**filters, limit=state["left"]))
+                for d in scan.dicts(mode, charset=charset, sink=sink):
+                    if len(targets) > 1:
+                        d["store"] = str(path)
+                    yield d
+                state["damaged"] |= _scan_warning(out, path, scan)
+                if state["left"] is not None:
+                    state["left"] -= scan.given
+
+    _messages(out, rows())
+    return state["damaged"]
+
+
+def _follow(path, config, filters, limit, out, mode, charset, sink) -> None:
+    from rmqstore.reader import open_store
+    from rmqstore.selection import MessageFilter
+    from rmqstore.view import message_dict
+
+    with open_store(path, config) as reader:
+        report_config(reader.config)
+        follower = reader.follow(MessageFilter.make(**filters, limit=limit))
+        warned = [None]
+        out.pause()  # a follow never ends: no pager, rows go straight to the terminal
+
+        def rows():
+            for m in follower:
+                yield message_dict(m, mode, charset=charset, sink=sink)
+                out.flush()  # the row just written must not wait while the store is idle
+                if follower.stalled is not None and follower.stalled != warned[0]:
+                    warned[0] = follower.stalled
+                    out.warn(f"warning: {path}: waiting at {follower.stalled.describe()}")
+
+        try:
+            _messages(out, rows())
+        except KeyboardInterrupt:
+            raise typer.Exit(0) from None  # Ctrl-C is how a follow ends
+
+
+def _dump_file(path, kind, cfg, config, from_offset, to_offset, limit, out: Output) -> None:
+    """A ConsumeQueue, an IndexFile or the checkpoint (``cfg``: the settings of the store
+    the file sits in, when it sits in one)."""
     from rmqstore.config import load_config
 
-    kind = classify(path)
-    t_since, t_until = parse_time(since, "--since"), parse_time(until, "--until")
-    # A file inside a store is read with the store's settings, checked like the store's.
-    cfg = load_config(kind.root, config) if kind.root is not None and kind.kind != "store" else None
-    if cfg is not None:
-        if kind.kind == "indexfile":
-            _index_geometry_known(cfg, kind.path)
-        report_config(cfg)
-    if kind.kind in ("store", "commitlog-segment"):
-        reader = open_store(path, config) if kind.kind == "store" else open_segment_file(path, config)
-        if kind.kind == "store":
-            report_config(reader.config)
-        with reader:
-            _messages(out, reader.message_dicts(_body_mode(body, out.fmt), topic=topic,
-                                                queue_id=queue_id, from_offset=from_offset,
-                                                to_offset=to_offset, since=t_since,
-                                                until=t_until, limit=limit))
-        return
     if kind.kind in ("consumequeue-dir", "consumequeue-file"):
         from rmqstore.consumequeue import ConsumeQueue
         from rmqstore.view import unit_dict
@@ -168,15 +303,20 @@ def get(
     queue_id: Optional[int] = typer.Option(None, "--queue-id", "-q", help="Queue id, with --topic and --queue-offset."),
     queue_offset: Optional[int] = typer.Option(None, "--queue-offset", help="Queue offset, with --topic and --queue-id."),
     uniq_key: Optional[str] = typer.Option(None, "--uniq-key", help="UNIQ_KEY (client message id), with --topic."),
-    body: Optional[BodyMode] = typer.Option(None, "--body", help="How to print the body: base64 (JSON default), text (table default), hex, none."),
+    body: Optional[BodyMode] = BodyOption,
+    charset: str = CharsetOption,
+    body_dir: Optional[Path] = BodyDirOption,
+    tz: Optional[str] = TzOption,
     config: Optional[Path] = ConfigOption,
     *, out: Output,
 ) -> None:
     """Print one message, found by offset, offsetMsgId, queue position, or UNIQ_KEY
-    (-f json: an object; with --uniq-key, an array of every match). Exit 1 when nothing
-    matches."""
+    (-f json: an object; with --uniq-key, an array of every message with that UNIQ_KEY).
+    Exit 1 when nothing matches."""
     from rmqstore.reader import open_store
     from rmqstore.view import MESSAGE_FIELDS, message_dict
+
+    _use_tz(tz)
 
     ways = [offset is not None, msg_id is not None,
             queue_offset is not None or (queue_id is not None and uniq_key is None),
@@ -201,7 +341,8 @@ def get(
             msgs = reader.get_by_uniq_key(topic, uniq_key)
         if not msgs:
             raise fail("no message matches", 1)
-        rows = [message_dict(m, _body_mode(body, out.fmt)) for m in msgs]
+        mode, charset, sink = _body_options(body, out.fmt, charset, body_dir)
+        rows = [message_dict(m, mode, charset=charset, sink=sink) for m in msgs]
     times = ("bornTimestamp", "storeTimestamp")
     if uniq_key is None:
         out.record(rows[0], fields=MESSAGE_FIELDS, times=times, cells=MESSAGE_CELLS)
@@ -216,27 +357,38 @@ def query_key(
     store: Path = typer.Argument(..., help="The store root."),
     topic: str = typer.Option(..., "--topic", "-t", help="Topic the key was sent with."),
     key: str = typer.Option(..., "--key", "-k", help="A KEYS token or a UNIQ_KEY."),
-    max_num: Optional[int] = typer.Option(None, "--max-num", min=1, help="Most hits to collect (the broker caps it at maxMsgsNumBatch, 64)."),
-    begin: Optional[str] = typer.Option(None, "--begin", help="Earliest store time (epoch ms or ISO-8601)."),
-    end: Optional[str] = typer.Option(None, "--end", help="Latest store time (epoch ms or ISO-8601)."),
-    body: Optional[BodyMode] = typer.Option(None, "--body", help="How to print bodies: base64 (JSON default), text (table default), hex, none."),
+    max_num: Optional[int] = typer.Option(None, "--max-num", min=1, help="Print at most this many (the newest). Default: every match."),
+    broker_cap: bool = typer.Option(False, "--broker-cap", help="Answer as the broker (and mqadmin queryMsgByKey) would: the IndexFile walk stops after maxMsgsNumBatch index hits (64, or broker.conf's), hash collisions included."),
+    begin: Optional[str] = typer.Option(None, "--begin", help=f"Earliest store time: {TIME_HELP}."),
+    end: Optional[str] = typer.Option(None, "--end", help=f"Latest store time: {TIME_HELP}."),
+    body: Optional[BodyMode] = BodyOption,
+    charset: str = CharsetOption,
+    body_dir: Optional[Path] = BodyDirOption,
+    tz: Optional[str] = TzOption,
     config: Optional[Path] = ConfigOption,
     *, out: Output,
 ) -> None:
     """Find messages by key through the IndexFiles, walking them as the broker does, then
-    keep only records whose KEYS or UNIQ_KEY really equal the key. Exit 1 when none."""
+    keep only records whose KEYS or UNIQ_KEY really equal the key. Every match is printed
+    unless --max-num or --broker-cap limits it; a limited answer says so on stderr.
+    Exit 1 when none ("no message matches")."""
     from rmqstore.reader import open_store
 
+    _use_tz(tz)
     b = parse_time(begin, "--begin")
     e = parse_time(end, "--end")
+    mode, charset, sink = _body_options(body, out.fmt, charset, body_dir)
     with open_store(store, config) as reader:
         _index_geometry_known(reader.config, reader.config.index_dir)
         report_config(reader.config)
-        msgs = reader.query_key(topic, key, max_num, 0 if b is None else b,
-                                2**63 - 1 if e is None else e)
-        found = _messages(out, _message_rows(msgs, _body_mode(body, out.fmt)))
-    if not found:
-        raise typer.Exit(1)
+        msgs = reader.query_key(topic, key, max_num, b, e, broker_cap=broker_cap)
+        if not msgs:
+            raise fail("no message matches", 1)
+        _messages(out, _message_rows(msgs, mode, charset, sink))
+    if msgs.truncated:
+        why = (f"the broker's cap (maxMsgsNumBatch={msgs.broker_cap})" if msgs.broker_cap
+               else f"--max-num {max_num}")
+        out.warn(f"note: {len(msgs)} shown, more messages match; limited by {why}")
 
 
 QUEUE_COLUMNS = ("topic", "queueId", "messages", "bytes", "minQueueOffset", "maxQueueOffset",
@@ -250,6 +402,7 @@ INDEX_COLUMNS = ("name", "entries", "hashSlotCount", "beginTimestamp", "endTimes
 @output_options
 def stats(
     store: Path = typer.Argument(..., help="The store root."),
+    tz: Optional[str] = TzOption,
     config: Optional[Path] = ConfigOption,
     *, out: Output,
 ) -> None:
@@ -259,6 +412,7 @@ def stats(
     from rmqstore.reader import open_store
     from rmqstore.stats import store_stats
 
+    _use_tz(tz)
     with open_store(store, config) as reader:
         report_config(reader.config)
         s = store_stats(reader, conf=config)

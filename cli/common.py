@@ -7,7 +7,6 @@ arguments, call the library, and hand results to :mod:`cli.output`. Heavy module
 
 from __future__ import annotations
 
-import datetime as _dt
 import enum
 import functools
 import os
@@ -71,6 +70,7 @@ class BodyMode(str, enum.Enum):
     text = "text"
     hex = "hex"
     none = "none"
+    raw = "raw"
 
 
 def fail(message: str, code: int = EXIT_UNUSABLE) -> "typer.Exit":
@@ -110,29 +110,22 @@ def handles_errors(fn):
 
 
 def parse_time(text: Optional[str], option: str) -> Optional[int]:
-    """Epoch milliseconds, or ISO-8601 (naive times are UTC), to epoch milliseconds."""
-    if text is None:
-        return None
-    t = text.strip()
-    if t.lstrip("-").isdigit():
-        return int(t)
+    """Any time form :func:`rmqstore.times.parse_time` reads, to epoch milliseconds; a bad
+    one is a usage error naming the option."""
+    from rmqstore.errors import InputError
+    from rmqstore.times import parse_time as _parse
+
     try:
-        when = _dt.datetime.fromisoformat(t.replace("Z", "+00:00"))
-    except ValueError:
-        raise fail(f"{option}: not epoch milliseconds or ISO-8601: {text!r}") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=_dt.timezone.utc)
-    return int(when.timestamp() * 1000)
+        return _parse(text)
+    except InputError as e:
+        raise fail(f"{option}: {e}") from None
 
 
 def iso(ms: Optional[int]) -> str:
-    """Epoch milliseconds as ISO-8601 UTC, for tables."""
-    if ms is None:
-        return ""
-    try:
-        return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    except (OverflowError, OSError, ValueError):
-        return str(ms)
+    """Epoch milliseconds as ISO-8601 in the display zone (``--tz``, ``RMQSTORE_TZ``, UTC)."""
+    from rmqstore.times import format_time
+
+    return format_time(ms)
 
 
 def report_config(cfg) -> None:

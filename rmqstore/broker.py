@@ -55,11 +55,13 @@ def _text(v: Any, what: str) -> str:
 
 
 def _body(obj: dict) -> bytes:
-    if "bodyBase64" in obj and obj["bodyBase64"] is not None:
-        try:
-            return base64.b64decode(_text(obj["bodyBase64"], "bodyBase64"), validate=True)
-        except binascii.Error:
-            raise InputError("bodyBase64 is not valid base64") from None
+    # storedBody: the stored (compressed) bytes a dump gives beside a decompressed body.
+    for name in ("storedBody", "bodyBase64"):
+        if name in obj and obj[name] is not None:
+            try:
+                return base64.b64decode(_text(obj[name], name), validate=True)
+            except binascii.Error:
+                raise InputError(f"{name} is not valid base64") from None
     body = obj.get("body")
     if body is None:
         return b""
@@ -71,7 +73,10 @@ def _body(obj: dict) -> bytes:
         if enc == "hex":
             return bytes.fromhex(body)
         if enc == "text":
-            return body.encode("utf-8", "surrogatepass")
+            charset = obj.get("bodyCharset") or "utf-8"
+            return body.encode(charset, "surrogatepass" if charset == "utf-8" else "strict")
+    except LookupError:
+        raise InputError(f"unknown bodyCharset {obj.get('bodyCharset')!r}") from None
     except (binascii.Error, ValueError, UnicodeError):
         raise InputError(f"body is not valid {enc}") from None
     raise InputError(f"bodyEncoding must be base64, text or hex, got {enc!r}")

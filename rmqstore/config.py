@@ -206,24 +206,20 @@ class StoreConfig:
 
 
 def parse_properties_file(text: str) -> dict[str, str]:
-    """Java ``.properties`` text: ``key=value`` / ``key: value``, ``#``/``!`` comments,
-    backslash line continuation and escapes."""
-    out: dict[str, str] = {}
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i].lstrip()
-        i += 1
-        if not line or line[0] in "#!":
-            continue
-        while line.endswith("\\") and not line.endswith("\\\\") and i < len(lines):
-            line = line[:-1] + lines[i].lstrip()
-            i += 1
-        m = re.match(r"((?:\\.|[^=:\s\\])*)\s*[=:\s]\s*(.*)$", line)
-        key, value = (m.group(1), m.group(2)) if m else (line, "")
-        unescape = lambda s: re.sub(r"\\(.)", lambda g: {"t": "\t", "n": "\n", "r": "\r"}.get(g.group(1), g.group(1)), s)
-        out[unescape(key)] = unescape(value.rstrip())
-    return out
+    """Java ``.properties`` text as ``java.util.Properties.load`` reads it (the broker loads
+    broker.conf so): ``key=value``, ``key: value`` or ``key value``; ``#``/``!`` comments;
+    backslash continuation lines (leading blanks of the next line dropped); escapes
+    ``\\t \\n \\r \\f \\uXXXX``, any other escaped character stands for itself; the last of
+    a repeated key wins. Parsed by the ``jproperties`` package; a malformed ``\\u`` escape
+    is a :class:`ConfigError`."""
+    from jproperties import ParseError, Properties
+
+    props = Properties()
+    try:
+        props.load(text, "utf-8")
+    except ParseError as e:
+        raise ConfigError(f"broker.conf is not valid Java properties text: {e}") from None
+    return {k: v.data for k, v in props.items()}
 
 
 def _convert(name: str, raw: str, path) -> object:

@@ -20,9 +20,12 @@ from typing import Iterator
 from .codec import Message, decode_offset_msg_id
 from .commitlog import CommitLog
 from .config import SEGMENT_NAME, StoreConfig, load_config
-from .errors import ConfigError, NotAStoreError, OffsetError, RmqStoreError, UnsupportedStoreError
-from .scan import scan_windows
+from .errors import (ConfigError, InputError, NotAStoreError, OffsetError, RmqStoreError,
+                     UnsupportedStoreError)
+from .selection import MessageFilter, MessageScan, release_pages  # noqa: F401 (re-exported)
+from .times import parse_time
 
+LONG_MAX = 2**63 - 1  # Java Long.MAX_VALUE: the open end of a time range
 INDEX_NAME = re.compile(r"^\d{17}$")
 STORE_MARKERS = ("commitlog", "consumequeue", "index", "checkpoint")
 
@@ -131,18 +134,20 @@ class StoreReader:
 
         return open_consume_queue(self.root, topic, queue_id, self.config.cq_file_size)
 
-    def index(self):
-        """The IndexFiles, read-only, with this store's geometry (a :class:`ConfigError`
-        when the files do not determine it and no broker.conf gave it)."""
+    def index(self, max_msgs_num_batch: int | None = None):
+        """The IndexFiles, read-only, with this store's geometry; queries are capped at
+        ``max_msgs_num_batch`` hits (default: the store's maxMsgsNumBatch, as the broker).
+        A :class:`ConfigError` when the files do not determine the geometry and no
+        broker.conf gave it."""
         from .index import IndexGeometry, IndexReader
 
         why = self.config.undetermined.get("max_hash_slot_num")
         if why:
             raise ConfigError(f"{why}; key lookups need --config with both", self.config.index_dir)
-
+        cap = self.config.max_msgs_num_batch if max_msgs_num_batch is None else max_msgs_num_batch
         return IndexReader(self.config.index_dir,
                            IndexGeometry(self.config.max_hash_slot_num, self.config.max_index_num),
-                           max_msgs_num_batch=self.config.max_msgs_num_batch)
+                           max_msgs_num_batch=cap)
 
     def get_by_queue_offset(self, topic: str, queue_id: int, queue_offset: int) -> Message:
         """Through the ConsumeQueue unit, as a consumer's pull does (spec §6.2)."""
@@ -153,115 +158,107 @@ class StoreReader:
                               self.root / "consumequeue" / topic / str(queue_id), queue_offset * 20)
         return self.read_at(unit.commit_log_offset)
 
-    def query_key(self, topic: str, key: str, max_num: int | None = None, begin: int = 0,
-                  end: int = 2**63 - 1) -> list[Message]:
+    def query_key(self, topic: str, key: str, max_num: int | None = None, begin=None, end=None,
+                  *, broker_cap: bool = False, tz=None) -> "KeyQueryResult":
         """Messages of ``topic`` whose KEYS tokens or UNIQ_KEY equal ``key``: the IndexFile
-        walk of spec §7.6, then the key re-checked on each record (hash hits may collide)."""
-        max_num = self.config.max_msgs_num_batch if max_num is None else max_num
-        with self.index() as idx:
-            hits = idx.query(topic, key, max_num, begin, end).phy_offsets
-        out, seen = [], set()
-        for off in hits:
-            if off in seen:
-                continue  # re-dispatch can index a record twice (spec §14.7)
-            seen.add(off)
-            try:
-                msg = self.read_at(off)
-            except RmqStoreError:
-                continue  # the entry points at data that is gone or damaged
-            if msg.topic == topic and (key in msg.keys or msg.uniq_key == key):
-                out.append(msg)
-        return out
+        walk of spec §7.6, then the key re-checked on each record (hash hits may collide)
+        and records indexed twice given once. Ascending CommitLog offsets.
+
+        Every hit is returned, or the newest ``max_num`` of them. ``broker_cap=True`` answers
+        as the broker (and mqadmin) would: the walk stops after maxMsgsNumBatch (64)
+        index hits, collisions included. ``begin``/``end`` bound the store time (any form
+        :func:`rmqstore.times.parse_time` reads). The result is a list with ``truncated``:
+        True when matching messages exist that it does not hold."""
+        begin = 0 if begin is None else parse_time(begin, tz)
+        end = LONG_MAX if end is None or end == LONG_MAX else parse_time(end, tz)
+        if max_num is not None and max_num < 1:
+            raise InputError(f"max_num must be at least 1, got {max_num}")
+        cache: dict[int, Message | None] = {}
+
+        def hit(off: int) -> Message | None:
+            if off not in cache:
+                try:
+                    msg = self.read_at(off)
+                except RmqStoreError:
+                    msg = None  # the entry points at data that is gone or damaged
+                if msg is not None and not (msg.topic == topic and (key in msg.keys or msg.uniq_key == key)):
+                    msg = None
+                cache[off] = msg
+            return cache[off]
+
+        with self.index(LONG_MAX) as idx:
+            every = sorted(set(idx.query(topic, key, LONG_MAX, begin, end).phy_offsets), reverse=True)
+        cap = self.config.max_msgs_num_batch
+        if broker_cap:
+            with self.index() as idx:
+                limit = cap if max_num is None else min(max_num, cap)
+                offsets = sorted(set(idx.query(topic, key, limit, begin, end).phy_offsets))
+            found = [m for m in map(hit, offsets) if m is not None]
+            taken = set(offsets)
+            truncated = any(hit(o) is not None for o in every if o not in taken)
+        else:
+            found, truncated = [], False
+            for off in every:  # newest first, as the broker walks
+                msg = hit(off)
+                if msg is None:
+                    continue
+                if max_num is not None and len(found) >= max_num:
+                    truncated = True
+                    break
+                found.append(msg)
+            found.reverse()
+        return KeyQueryResult(found, truncated=truncated, max_num=max_num,
+                              broker_cap=cap if broker_cap else None)
 
     def get_by_uniq_key(self, topic: str, uniq_key: str) -> list[Message]:
         return [m for m in self.query_key(topic, uniq_key) if m.uniq_key == uniq_key]
 
-    def messages(self, *, topic: str | None = None, queue_id: int | None = None,
-                 from_offset: int | None = None, to_offset: int | None = None,
-                 since: int | None = None, until: int | None = None,
-                 limit: int | None = None) -> Iterator[Message]:
-        """Valid messages in physical order, filtered; the bulk scan finds them and only
-        the ones that pass the filters are decoded."""
-        yield from iter_messages(self.commitlog, topic=topic, queue_id=queue_id,
-                                 from_offset=from_offset, to_offset=to_offset,
-                                 since=since, until=until, limit=limit)
+    def scan(self, filter: MessageFilter | None = None, **filters) -> MessageScan:
+        """The messages that pass ``filter`` (or the keyword filters of
+        :meth:`MessageFilter.make`), in physical order; after iterating, ``.stop`` says
+        why it ended and whether that is damage."""
+        return MessageScan(self.commitlog, filter or MessageFilter.make(**filters))
 
-    def message_dicts(self, body: str = "base64", **filters) -> Iterator[dict]:
+    def messages(self, **filters) -> Iterator[Message]:
+        """Valid messages in physical order, filtered (keywords of :meth:`MessageFilter.make`:
+        topic, queue_id, tag, key, uniq_key, since, until, from_offset, to_offset,
+        max_bytes, limit, tz); the bulk scan finds them and only those that pass are decoded."""
+        yield from self.scan(**filters).messages()
+
+    def message_dicts(self, body: str = "base64", *, charset: str = "utf-8", tz=None,
+                      sink=None, **filters) -> Iterator[dict]:
         """The message JSON of :mod:`rmqstore.view` for each selected message (fast path)."""
-        from .view import message_dicts
+        yield from self.scan(tz=tz, **filters).dicts(body, charset=charset, tz=tz, sink=sink)
 
-        for cols, chosen in iter_selected(self.commitlog, **filters):
-            yield from message_dicts(cols, body, chosen)
+    def follow(self, filter: MessageFilter | None = None, **options):
+        """Messages as a live store gains them, read-only (see :func:`rmqstore.follow.follow`)."""
+        from .follow import follow
+
+        return follow(self, filter, **options)
+
+
+class KeyQueryResult(list):
+    """The messages a key query found (a plain list), and whether it is the whole answer:
+    ``truncated`` is True when more messages match than it holds (``max_num``, or the
+    broker's cap ``broker_cap`` = maxMsgsNumBatch, stopped it)."""
+
+    def __init__(self, messages=(), *, truncated: bool = False, max_num: int | None = None,
+                 broker_cap: int | None = None):
+        super().__init__(messages)
+        self.truncated = truncated
+        self.max_num = max_num
+        self.broker_cap = broker_cap
 
 
 def iter_messages(commitlog: CommitLog, **filters) -> Iterator[Message]:
     """Decoded messages of the CommitLog, filtered (see :meth:`StoreReader.messages`)."""
-    for cols, keep in iter_selected(commitlog, **filters):
-        for i in keep.tolist():
-            yield cols.message(i)
+    yield from MessageScan(commitlog, MessageFilter.make(**filters)).messages()
 
 
-def iter_selected(commitlog: CommitLog, *, topic=None, queue_id=None, from_offset=None,
-                  to_offset=None, since=None, until=None, limit=None):
+def iter_selected(commitlog: CommitLog, **filters):
     """(columns, indices) per window of a segment for the valid records that pass the
-    filters, in physical order, at most ``limit`` records in all.
-
-    Segments are walked a window at a time (:func:`~rmqstore.scan.scan_windows`) and the
-    pages of a window are let go once its records are handed over, so memory stays at a
-    window's columns whatever the store's size."""
-    import numpy as np
-
-    count = 0
-    for seg in commitlog.segments:
-        if to_offset is not None and seg.start >= to_offset:
-            return
-        if from_offset is not None and seg.end <= from_offset:
-            continue
-        buf = seg.buffer()
-        released = 0
-        for scan in scan_windows(buf, seg.start, seg.readable_size):
-            cols = scan.records
-            keep = np.ones(len(cols), dtype=bool)
-            off = cols.offset
-            if from_offset is not None:
-                keep &= off >= from_offset
-            if to_offset is not None:
-                keep &= off < to_offset
-            if queue_id is not None:
-                keep &= cols.queue_id == queue_id
-            if since is not None:
-                keep &= cols.store_timestamp >= since
-            if until is not None:
-                keep &= cols.store_timestamp <= until
-            if topic is not None and keep.any():
-                names, ids = cols.topic_table()
-                wanted = [i for i, n in enumerate(names) if n == topic]
-                keep &= np.isin(ids, wanted)
-            chosen = np.flatnonzero(keep)
-            if limit is not None:
-                chosen = chosen[:limit - count]
-            if len(chosen):
-                yield cols, chosen
-            count += len(chosen)
-            if limit is not None and count >= limit:
-                return
-            if to_offset is not None and scan.end >= to_offset:
-                return
-            if not seg.writable:
-                released = release_pages(buf, released, scan.end - seg.start)
-        if scan.stop != "blank" and scan.stop != "end":
-            return  # valid data ends in this segment (spec §10.1)
-
-
-def release_pages(buf, done: int, upto: int) -> int:
-    """Drop this process's mapping of a read-only map's pages in ``[done, upto)`` (page
-    aligned down): the data stays in the page cache and is read again if touched, but it
-    no longer counts in the reader's resident memory. Returns the new ``done``."""
-    upto -= upto % mmap.PAGESIZE
-    if upto > done and isinstance(buf, mmap.mmap):
-        buf.madvise(mmap.MADV_DONTNEED, done, upto - done)
-        return upto
-    return done
+    filters, in physical order (see :meth:`MessageScan.chunks`)."""
+    yield from MessageScan(commitlog, MessageFilter.make(**filters)).chunks()
 
 
 def open_store(path: str | os.PathLike, conf: str | os.PathLike | None = None,
@@ -294,5 +291,5 @@ def open_segment_file(path: str | os.PathLike, conf=None, **overrides) -> StoreR
     return StoreReader(cfg, CommitLog(cfg, queue=q))
 
 
-__all__ = ["PathKind", "StoreReader", "classify", "open_store", "open_segment_file",
-           "iter_messages", "RmqStoreError"]
+__all__ = ["PathKind", "StoreReader", "KeyQueryResult", "classify", "open_store",
+           "open_segment_file", "iter_messages", "MessageFilter", "MessageScan", "RmqStoreError"]

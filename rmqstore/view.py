@@ -1,11 +1,14 @@
 """Messages and units as plain dicts: the message JSON every command and script shares.
 
-Keys are fixed (see docs/cli.md): ``commitLogOffset, storeSize, magic, bodyCRC, queueId,
+Keys are fixed (see docs/reading.md): ``commitLogOffset, storeSize, magic, bodyCRC, queueId,
 flag, queueOffset, sysFlag, bornTimestamp, bornHost, storeTimestamp, storeHost,
 reconsumeTimes, preparedTransactionOffset, topic, properties, tags, keys, uniqKey,
-offsetMsgId, body``. Two more appear only when needed to stay lossless: ``bodyEncoding``
-whenever a body is given, and ``propertiesText`` when the properties object cannot
-reproduce the stored text (duplicate names, as batch records have, or malformed pairs).
+offsetMsgId, body``, then the body's companions (:func:`rmqstore.bodies.body_fields`:
+``bodyEncoding`` whenever a body is given; ``bodyCharset``, ``bodyCompression``,
+``storedBody``, ``bodyNote``, ``bodyFile`` only when they apply), ``propertiesText`` when the
+properties object cannot reproduce the stored text (duplicate names, as batch records have,
+or malformed pairs), and last ``crcOk`` (the stored body matches BODYCRC) and
+``uniqKeyInfo`` (the UNIQ_KEY taken apart, :mod:`rmqstore.uniqkey`; null without one).
 """
 
 from __future__ import annotations
@@ -14,16 +17,18 @@ import base64
 from typing import Any
 
 from . import layout as L
-from .codec import Host, Message, properties_need_text
+from .bodies import BODY_MODES, body_fields
+from .codec import Host, Message, body_crc, properties_need_text
+from .uniqkey import uniq_key_info
 
-BODY_MODES = ("base64", "text", "hex", "none")
-
-#: Every key of the message JSON, in order (the optional ones last): csv columns, docs.
+#: Every key a message object can have, in order (csv columns, docs); the body's
+#: companions, propertiesText and store appear only when they apply.
 MESSAGE_FIELDS = ("commitLogOffset", "storeSize", "magic", "bodyCRC", "queueId", "flag",
                   "queueOffset", "sysFlag", "bornTimestamp", "bornHost", "storeTimestamp",
                   "storeHost", "reconsumeTimes", "preparedTransactionOffset", "topic",
                   "properties", "tags", "keys", "uniqKey", "offsetMsgId", "body",
-                  "bodyEncoding", "propertiesText")
+                  "bodyEncoding", "bodyCharset", "bodyCompression", "storedBody", "bodyNote",
+                  "bodyFile", "propertiesText", "crcOk", "uniqKeyInfo", "store")
 
 
 def encode_body(body: bytes, mode: str) -> str | None:
@@ -47,8 +52,13 @@ def decode_body(value: str, encoding: str) -> bytes:
     raise ValueError(f"unknown bodyEncoding {encoding!r} (base64, text or hex)")
 
 
-def message_dict(msg: Message, body: str = "base64") -> dict[str, Any]:
-    """The message JSON object for one record, keys in the documented order."""
+def message_dict(msg: Message, body: str = "base64", *, charset: str = "utf-8", tz=None,
+                 sink=None) -> dict[str, Any]:
+    """The message JSON object for one record, keys in the documented order.
+
+    ``body`` is a mode of :mod:`rmqstore.bodies` (compressed bodies are decompressed except
+    in ``raw``), ``charset`` the text mode's charset, ``tz`` the zone UNIQ_KEY times are
+    read in, ``sink`` a :class:`~rmqstore.bodies.BodyDir` that also writes each body out."""
     d: dict[str, Any] = {
         "commitLogOffset": msg.commit_log_offset,
         "storeSize": msg.store_size,
@@ -70,21 +80,24 @@ def message_dict(msg: Message, body: str = "base64") -> dict[str, Any]:
         "keys": msg.keys,
         "uniqKey": msg.uniq_key,
         "offsetMsgId": msg.offset_msg_id,
-        "body": encode_body(msg.body, body),
     }
-    if body != "none":
-        d["bodyEncoding"] = body
+    d.update(body_fields(msg.body, msg.sys_flag, body, charset, sink, d["offsetMsgId"]))
     if msg.properties_text is not None and properties_need_text(msg.properties, msg.properties_text):
         d["propertiesText"] = msg.properties_text
+    d["crcOk"] = not msg.body or body_crc(msg.body) == msg.body_crc
+    d["uniqKeyInfo"] = uniq_key_info(msg.uniq_key, msg.store_timestamp, tz)
     return d
 
 
-def message_dicts(cols, body: str = "base64", indices=None):
+def message_dicts(cols, body: str = "base64", indices=None, *, charset: str = "utf-8",
+                  tz=None, sink=None):
     """Message JSON objects for records of a :class:`~rmqstore.scan.RecordColumns`, the
     same as :func:`message_dict` of each decoded record but built from the gathered
     columns: per record only the properties and body are decoded; topics, hosts and
-    offsetMsgId prefixes come from small caches."""
+    offsetMsgId prefixes come from small caches; body CRCs are checked vectorised."""
     import numpy as np
+
+    from .times import resolve_tz
 
     from .codec import parse_properties, split_keys
 
@@ -102,13 +115,14 @@ def message_dicts(cols, body: str = "base64", indices=None):
               "prepared_transaction_offset", "physical_offset", "body_pos", "body_len",
               "props_pos", "props_len")
     v2 = L.MAGIC_V2
+    zone = resolve_tz(tz)
     for start in range(0, len(idx), 8192):
         chunk = idx[start:start + 8192]
         columns = [getattr(cols, f)[chunk].tolist() for f in fields]
         columns += [tids[chunk].tolist(), born_keys[chunk].tolist(), store_keys[chunk].tolist(),
-                    chunk.tolist()]
+                    cols.take(chunk).crc_ok().tolist(), chunk.tolist()]
         for (size, magic, crc, qid, flag, qoff, sysf, born_ts, store_ts, recon, prep, phys,
-             bpos, blen, ppos, plen, tid, bkey, skey, i) in zip(*columns):
+             bpos, blen, ppos, plen, tid, bkey, skey, crc_ok, i) in zip(*columns):
             born = born_text.get(bkey)
             if born is None:
                 born = born_text[bkey] = str(cols.host("born_host", i))
@@ -129,12 +143,13 @@ def message_dicts(cols, body: str = "base64", indices=None):
                 "topic": names[tid], "properties": props, "tags": props.get("TAGS"),
                 "keys": split_keys(props.get("KEYS")), "uniqKey": props.get("UNIQ_KEY"),
                 "offsetMsgId": (prefix + phys.to_bytes(8, "big", signed=True)).hex().upper(),
-                "body": encode_body(mv[bpos:bpos + blen].tobytes(), body),
             }
-            if body != "none":
-                d["bodyEncoding"] = body
+            d.update(body_fields(mv[bpos:bpos + blen].tobytes(), sysf, body, charset, sink,
+                                 d["offsetMsgId"]))
             if properties_need_text(props, text):
                 d["propertiesText"] = text
+            d["crcOk"] = crc_ok
+            d["uniqKeyInfo"] = uniq_key_info(d["uniqKey"], store_ts, zone)
             yield d
 
 

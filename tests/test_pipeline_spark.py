@@ -62,8 +62,9 @@ def _reference_rows(root: str) -> list[dict]:
     out = []
     with CommitLog(load_config(root)) as cl:
         for m in cl.messages():
-            d = message_dict(m, "base64")
-            d.pop("bodyEncoding")
+            d = message_dict(m, "raw")  # the stored bytes, as the export keeps them
+            for extra in ("bodyEncoding", "bodyCompression", "crcOk", "uniqKeyInfo"):
+                d.pop(extra, None)  # the export has crcOk (checked below) and no decoded extras
             d["body"] = base64.b64decode(d["body"])
             out.append(d)
     return out

@@ -1,0 +1,262 @@
+"""Which messages a dump shows, and why it stopped where it did.
+
+:class:`MessageFilter` holds every filter of ``rmqstore dump`` (topic, queue, tag, key,
+UNIQ_KEY, store time, CommitLog offsets, bytes, count) in two forms that agree: a
+vectorised one over scan columns (:meth:`MessageFilter.select`) and a scalar one for a
+single message (:meth:`MessageFilter.matches`, used when following a live store).
+
+:class:`MessageScan` walks a CommitLog with a filter and, once exhausted, says in
+:attr:`MessageScan.stop` where valid data ended and whether that end is damage (a torn or
+garbled record, a missing segment) or a normal end (zeros, a BLANK with no next segment,
+a limit reached). Records whose body does not match BODYCRC are given with ``crcOk``
+false and counted in :attr:`MessageScan.bad_crc`.
+"""
+
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from .codec import Message, parse_properties, split_keys
+from .errors import InputError
+from .scan import scan_windows
+from .times import parse_time
+
+#: Why a walk stopped, when that means the data ends in damage (spec §10.1, §10.5).
+DAMAGE = {"bad magic": "garbage where a record should start",
+          "bad size": "a record header whose size does not fit",
+          "short": "a few stray bytes where a record should start",
+          "half record": "a torn record (its lengths do not add up)",
+          "missing segment": "the next CommitLog segment file is missing"}
+
+
+def _many(value, kind=str) -> tuple | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, int)):
+        value = [value]
+    out = tuple(kind(v) for v in value)
+    return out or None
+
+
+def _tag_alternatives(tags: tuple[str, ...] | None) -> frozenset[str] | None:
+    """Subscription-expression style: ``TagA || TagB``; ``*`` matches every message."""
+    if tags is None:
+        return None
+    alts = {t.strip() for expr in tags for t in expr.split("||") if t.strip()}
+    return None if "*" in alts or not alts else frozenset(alts)
+
+
+@dataclass(frozen=True)
+class MessageFilter:
+    """Every filter is optional; several values of one filter mean any of them.
+
+    ``since``/``until`` are store times (inclusive), ``from_offset``/``to_offset`` CommitLog
+    offsets (``[from, to)``), ``max_bytes`` the CommitLog bytes a scan may cover from where
+    it starts (a record counts whole), ``limit`` the most messages given."""
+
+    topics: tuple[str, ...] | None = None
+    queue_ids: tuple[int, ...] | None = None
+    tags: frozenset[str] | None = None
+    keys: tuple[str, ...] | None = None
+    uniq_keys: tuple[str, ...] | None = None
+    since: int | None = None
+    until: int | None = None
+    from_offset: int | None = None
+    to_offset: int | None = None
+    max_bytes: int | None = None
+    limit: int | None = None
+
+    @classmethod
+    def make(cls, *, topic=None, queue_id=None, tag=None, key=None, uniq_key=None, since=None,
+             until=None, from_offset=None, to_offset=None, max_bytes=None, limit=None,
+             tz=None) -> "MessageFilter":
+        """From the loose forms scripts and the CLI use: one value or several; times in
+        any form :func:`rmqstore.times.parse_time` reads (naive ones in ``tz``)."""
+        for name, v in (("from_offset", from_offset), ("to_offset", to_offset),
+                        ("max_bytes", max_bytes), ("limit", limit)):
+            if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0):
+                raise InputError(f"{name} must be a whole number >= 0, got {v!r}")
+        return cls(topics=_many(topic), queue_ids=_many(queue_id, int),
+                   tags=_tag_alternatives(_many(tag)), keys=_many(key), uniq_keys=_many(uniq_key),
+                   since=parse_time(since, tz), until=parse_time(until, tz),
+                   from_offset=from_offset, to_offset=to_offset, max_bytes=max_bytes, limit=limit)
+
+    @property
+    def needs_properties(self) -> bool:
+        return self.tags is not None or self.keys is not None or self.uniq_keys is not None
+
+    # --- the two forms ----------------------------------------------------------------
+
+    def properties_match(self, props: dict[str, str]) -> bool:
+        if self.tags is not None and props.get("TAGS") not in self.tags:
+            return False
+        if self.keys is not None and not set(self.keys) & set(split_keys(props.get("KEYS"))):
+            return False
+        if self.uniq_keys is not None and props.get("UNIQ_KEY") not in self.uniq_keys:
+            return False
+        return True
+
+    def matches(self, msg: Message) -> bool:
+        """The scalar form: does this one message pass (``limit``/``max_bytes`` aside)?"""
+        off = msg.commit_log_offset
+        if self.from_offset is not None and off < self.from_offset:
+            return False
+        if self.to_offset is not None and off >= self.to_offset:
+            return False
+        if self.queue_ids is not None and msg.queue_id not in self.queue_ids:
+            return False
+        if self.since is not None and msg.store_timestamp < self.since:
+            return False
+        if self.until is not None and msg.store_timestamp > self.until:
+            return False
+        if self.topics is not None and msg.topic not in self.topics:
+            return False
+        return self.properties_match(msg.properties)
+
+    def select(self, cols, start: int | None = None) -> np.ndarray:
+        """The vectorised form: indices of the records of ``cols`` that pass. ``start`` is
+        where the scan began (for ``max_bytes``)."""
+        keep = np.ones(len(cols), dtype=bool)
+        if not len(cols):
+            return np.flatnonzero(keep)
+        off = cols.offset
+        if self.from_offset is not None:
+            keep &= off >= self.from_offset
+        if self.to_offset is not None:
+            keep &= off < self.to_offset
+        if self.max_bytes is not None and start is not None:
+            keep &= off + cols.size <= start + self.max_bytes
+        if self.queue_ids is not None:
+            keep &= np.isin(cols.queue_id, self.queue_ids)
+        if self.since is not None:
+            keep &= cols.store_timestamp >= self.since
+        if self.until is not None:
+            keep &= cols.store_timestamp <= self.until
+        if self.topics is not None and keep.any():
+            names, ids = cols.topic_table()
+            wanted = [i for i, n in enumerate(names) if n in self.topics]
+            keep &= np.isin(ids, wanted)
+        chosen = np.flatnonzero(keep)
+        if self.needs_properties and len(chosen):
+            ok = [self.properties_match(parse_properties(cols.properties_text(i)))
+                  for i in chosen.tolist()]
+            chosen = chosen[np.array(ok, dtype=bool)]
+        return chosen
+
+
+@dataclass(frozen=True)
+class ScanStop:
+    """Where and why a scan stopped."""
+
+    offset: int  # the CommitLog offset it stopped at
+    reason: str  # zeros | blank | end | limit | max-bytes | to-offset | one of DAMAGE
+    path: str | None = None  # the segment file it stopped in
+
+    @property
+    def damaged(self) -> bool:
+        return self.reason in DAMAGE
+
+    def describe(self) -> str:
+        where = f"{self.path} @ offset {self.offset}" if self.path else f"offset {self.offset}"
+        return f"{where}: {DAMAGE.get(self.reason, self.reason)}"
+
+
+class MessageScan:
+    """The messages of one CommitLog that pass a filter, in physical order. Iterate
+    :meth:`chunks`, :meth:`messages` or :meth:`dicts` once; then :attr:`stop` says why it
+    ended (None if the caller stopped early) and :attr:`bad_crc` how many of the given
+    records failed their body CRC."""
+
+    def __init__(self, commitlog, flt: MessageFilter | None = None):
+        self.commitlog = commitlog
+        self.filter = flt or MessageFilter()
+        self.stop: ScanStop | None = None
+        self.given = 0
+        self.bad_crc = 0
+
+    def chunks(self) -> Iterator[tuple[object, np.ndarray]]:
+        """(columns, indices) per window of a segment for the records that pass, at most
+        ``limit`` in all."""
+        f = self.filter
+        segs = self.commitlog.segments
+        if not segs:
+            self.stop = ScanStop(0, "end")
+            return
+        start = segs[0].start if f.from_offset is None else max(f.from_offset, segs[0].start)
+        scan = None
+        for k, seg in enumerate(segs):
+            if f.to_offset is not None and seg.start >= f.to_offset:
+                self.stop = ScanStop(seg.start, "to-offset", str(seg.path))
+                return
+            if f.max_bytes is not None and seg.start >= start + f.max_bytes:
+                self.stop = ScanStop(seg.start, "max-bytes", str(seg.path))
+                return
+            if k and seg.start != segs[k - 1].end:
+                self.stop = ScanStop(segs[k - 1].end, "missing segment", str(segs[k - 1].path))
+                return
+            if f.from_offset is not None and seg.end <= f.from_offset:
+                continue
+            # A window at a time, its pages let go once handed over: memory stays at a
+            # window's columns whatever the segment's size.
+            buf = seg.buffer()
+            released = 0
+            for scan in scan_windows(buf, seg.start, seg.readable_size):
+                cols = scan.records
+                chosen = f.select(cols, start)
+                if f.limit is not None:
+                    chosen = chosen[:max(f.limit - self.given, 0)]
+                if len(chosen):
+                    self.bad_crc += int((~cols.take(chosen).crc_ok()).sum())
+                    self.given += len(chosen)
+                    yield cols, chosen
+                if f.limit is not None and self.given >= f.limit:
+                    self.stop = ScanStop(int(cols.offset[chosen[-1]]) if len(chosen) else seg.start,
+                                         "limit", str(seg.path))
+                    return
+                if f.to_offset is not None and scan.end >= f.to_offset:
+                    self.stop = ScanStop(f.to_offset, "to-offset", str(seg.path))
+                    return
+                if f.max_bytes is not None and scan.end > start + f.max_bytes:
+                    self.stop = ScanStop(start + f.max_bytes, "max-bytes", str(seg.path))
+                    return
+                if not seg.writable:
+                    released = release_pages(buf, released, scan.end - seg.start)
+            if scan.stop not in ("blank", "end"):
+                self.stop = ScanStop(scan.end, scan.stop, str(seg.path))
+                return
+        last = segs[-1]
+        if scan is None:  # every segment lies before from_offset
+            self.stop = ScanStop(last.end, "end", str(last.path))
+        else:
+            self.stop = ScanStop(scan.end, scan.stop, str(last.path))
+
+    def messages(self) -> Iterator[Message]:
+        for cols, chosen in self.chunks():
+            for i in chosen.tolist():
+                yield cols.message(i)
+
+    def dicts(self, body: str = "base64", *, charset: str = "utf-8", tz=None,
+              sink=None) -> Iterator[dict]:
+        """The message JSON (:mod:`rmqstore.view`) of each message, from the columns."""
+        from .view import message_dicts
+
+        for cols, chosen in self.chunks():
+            yield from message_dicts(cols, body, chosen, charset=charset, tz=tz, sink=sink)
+
+
+def release_pages(buf, done: int, upto: int) -> int:
+    """Drop this process's mapping of a read-only map's pages in ``[done, upto)`` (page
+    aligned down): the data stays in the page cache and is read again if touched, but it
+    no longer counts in the reader's resident memory. Returns the new ``done``."""
+    upto -= upto % mmap.PAGESIZE
+    if upto > done and isinstance(buf, mmap.mmap):
+        buf.madvise(mmap.MADV_DONTNEED, done, upto - done)
+        return upto
+    return done
+
+
+__all__ = ["MessageFilter", "MessageScan", "ScanStop", "DAMAGE", "release_pages"]
