@@ -11,8 +11,10 @@ from cli.common import (BodyMode, ConfigOption, app, fail, handles_errors, parse
                         report_config)
 from cli.output import Format, Output, output_options
 
+# Table columns (JSON and CSV carry every field). A table has no room for a crcOk column
+# at 120 characters; a body that fails its CRC is marked in its cell instead.
 MESSAGE_COLUMNS = ("commitLogOffset", "storeSize", "topic", "queueId", "queueOffset",
-                   "storeTimestamp", "tags", "keys", "uniqKey", "crcOk", "body")
+                   "storeTimestamp", "tags", "keys", "uniqKey", "body")
 UNIT_COLUMNS = ("queueOffset", "commitLogOffset", "size", "tagsCode")
 MESSAGE_KINDS = ("store", "commitlog-segment")
 # Tables show KEYS tokens as the property holds them, space-separated (a token has no space).
@@ -67,9 +69,18 @@ def _limited(rows, limit):
         yield row
 
 
+def _crc_marked(rows):
+    for r in rows:
+        if r.get("crcOk") is False:
+            r = dict(r, body=f"(body fails its CRC) {r.get('body') or ''}")
+        yield r
+
+
 def _messages(out: Output, rows) -> int:
     from rmqstore.view import MESSAGE_FIELDS
 
+    if out.fmt is Format.table:
+        rows = _crc_marked(rows)
     return out.rows(rows, MESSAGE_COLUMNS, fields=MESSAGE_FIELDS, times=("storeTimestamp",),
                     cells=MESSAGE_CELLS)
 

@@ -174,3 +174,22 @@ def test_dump_follow_streams_rows_as_they_are_written(tmp_path):
     assert code == 0 and [r["body"] for r in _rows(out)] == ["%04d" % i for i in range(6)]
     code, _, err = _cli("dump", root, root, "--follow")
     assert code == 2 and "exactly one store" in _one_line(err)
+
+
+def test_a_body_failing_its_crc_is_flagged_in_every_format(tmp_path):
+    """JSON carries crcOk false; a table, which has no crcOk column, marks the body cell."""
+    store = tmp_path / "s"
+    _writable_store(store, 3)
+    seg = store / "commitlog" / "00000000000000000000"
+    with open(seg, "r+b") as f:
+        data = bytearray(f.read(4096))
+        at = data.index(b"0001")  # second message's body "0001"
+        f.seek(at)
+        f.write(b"X")
+    code, out, err = _cli("dump", store, "-f", "jsonl", "--body", "text")
+    rows = _rows(out)
+    assert code == 1 and [r["crcOk"] for r in rows] == [True, False, True]
+    assert "crcOk false" in _one_line(err)
+    code, out, _ = _cli("dump", store, "-f", "table", "--body", "text")
+    flagged = [line for line in out.splitlines() if "(body fails its CRC)" in line]
+    assert code == 1 and len(flagged) == 1 and "X001" in flagged[0]
