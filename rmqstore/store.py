@@ -112,7 +112,7 @@ class MessageStore:
         self.dispatcher = Dispatcher(cfg, index=index)
         self.dispatcher.logics_timestamp = self.checkpoint.logics_msg_timestamp
 
-        offsets, max_phy = queue_state(self.root, cfg.cq_file_size)
+        offsets, max_phy, _ = queue_state(self.root, cfg.cq_file_size)
         if max_phy > end:
             raise RecordError("ConsumeQueue units point past the CommitLog's end "
                               f"({max_phy} > {end}); repair the store first", self.root, end)
@@ -131,7 +131,15 @@ class MessageStore:
                         reput_from = max(queue.min_offset, min(reput_from, behind))
                 if reput_from < end:
                     self.dispatcher.dispatch_log(log_view, reput_from, end)
-            offsets, _ = queue_state(self.root, cfg.cq_file_size)
+                offsets, _, last = queue_state(self.root, cfg.cq_file_size)
+                if not self.was_clean and last is not None:
+                    # The broker's abnormal recovery re-dispatches every record from its
+                    # start segment (spec §10.3), and each CQ write sets logicsMsgTimestamp,
+                    # a unit the queue already holds included (putMessagePositionInfo
+                    # returns true for it). Our reput skips those records, so take the
+                    # time of the last record the queues hold, or a clean close would
+                    # write the stale value of the crashed run's checkpoint (§8.1).
+                    self.dispatcher.logics_timestamp = log_view.read_at(last).store_timestamp
 
         self.pool = TransientPool(size, cfg.transient_store_pool_size) \
             if cfg.transient_store_pool_enable else None
