@@ -25,7 +25,7 @@ from . import checkpoint as ckpt
 from . import layout as L
 from .append import Appended, CommitLogAppender, PutResult, PutStatus, prepare
 from .codec import Message, parse_properties
-from .commitlog import Check, CommitLog
+from .commitlog import Check, CommitLog, ScanEnd
 from .config import StoreConfig, load_config
 from .dispatch import DEFER_BYTES, BackgroundDispatcher, Dispatcher
 from .errors import NotAStoreError, RecordError
@@ -98,7 +98,8 @@ class MessageStore:
         if bad:
             queue.close()
             raise RecordError(f"commitlog segment problem: {bad[0].detail}", bad[0].path, bad[0].offset)
-        end = self._find_end(queue)
+        found = self._find_end(queue)
+        end = found.offset if found is not None else 0
         size = cfg.mapped_file_size_commit_log
         # Segments wholly after the end hold nothing valid: the broker deletes them (§10.4).
         queue.delete_from(end - end % size + size)
@@ -146,6 +147,10 @@ class MessageStore:
         self.appender = CommitLogAppender(
             cfg, queue, end, offsets,
             buffer_for=self.pool.buffer_for if self.pool else None)
+        if found is not None and found.last_record >= 0:
+            # Recovery sets the confirm offset to the start of the last valid record (spec
+            # §10.2, §10.3); a 5.x close persists it as confirmPhyOffset (§8.1).
+            self.appender.last_record_offset = found.last_record
 
         def flushed(ts: int) -> None:
             self.physic_timestamp = ts
@@ -194,15 +199,16 @@ class MessageStore:
         if not self._sync_flush:
             self.put = self._quick_put()
 
-    def _find_end(self, queue: SegmentQueue) -> int:
+    def _find_end(self, queue: SegmentQueue) -> ScanEnd | None:
         """End of valid data (spec §10.1): from the third-to-last segment after a clean
-        shutdown, from the first after a crash (``abort`` was present)."""
+        shutdown, from the first after a crash (``abort`` was present); None without
+        segments."""
         if not queue.segments:
-            return 0
+            return None
         start = queue.segments[max(0, len(queue.segments) - 3)].start if self.was_clean \
             else queue.segments[0].start
         view = CommitLog(self.config, queue=queue)
-        return view.find_end(start).offset
+        return view.find_end(start)
 
     # --- writing -------------------------------------------------------------------------
 

@@ -37,4 +37,7 @@ def test_checkpoint_after_reopen_is_the_brokers(version, scenario, tmp_path):
     assert cp.logics_msg_timestamp == want["logicsMsgTimestamp"]
     assert cp.physic_msg_timestamp == want["physicMsgTimestamp"]
     assert cp.index_msg_timestamp == want["indexMsgTimestamp"]
+    if version.startswith("5"):  # recovery's confirm offset: the last valid record's start
+        assert cp.confirm_phy_offset == want["confirmPhyOffset"]
+        assert cp.master_flushed_offset == want["masterFlushedOffset"]
     assert not [f for f in verify(store, config=cfg).findings if f.code == "checkpoint"]
