@@ -29,7 +29,8 @@ import numpy as np
 from . import layout as L
 from .codec import Message, body_crc, offset_msg_id
 from .config import StoreConfig
-from .segments import Segment, SegmentQueue, segment_pwrite
+from .errors import OffsetError
+from .segments import Segment, SegmentQueue, segment_pwrite, segment_sync
 
 _PWRITE_MIN = 64 * 1024  # bytes from which _place writes with pwrite, not the mapping
 
@@ -826,3 +827,31 @@ def bench_append(root, count: int = 200_000, *, body_size: int = 100, batch: int
     seconds = time.perf_counter() - t0
     return {"messages": count, "bytes": end, "seconds": seconds,
             "msgs_per_s": count / seconds if seconds else float("inf")}
+
+
+def clear_unfinished_append(queue: SegmentQueue, end: int) -> int:
+    """After a crash: zero the bytes an interrupted append left after ``end``, the end of
+    valid data (spec §10.1); returns how many bytes were cleared.
+
+    The appender writes a record's (or BLANK's) TOTALSIZE last, so an append the writer died
+    in leaves a zero TOTALSIZE at ``end`` followed by some of the record's other bytes:
+    garbage to every reader (§10.5), and bytes the next append would overwrite anyway. A
+    broker writes TOTALSIZE first, so its torn records never start with zeros; those are left
+    as the broker's recovery leaves them (§10.4).
+    """
+    try:
+        seg, pos = queue.find(end)
+    except OffsetError:
+        return 0  # end is a segment's end (or the log is empty): nothing after it here
+    limit = seg.readable_size
+    buf = seg.buffer()
+    if bytes(buf[pos:pos + 4]).strip(b"\0"):
+        return 0  # a TOTALSIZE: not an append of ours
+    tail = np.frombuffer(buf, np.uint8, count=limit - pos, offset=pos)
+    nz = np.flatnonzero(tail)
+    n = int(nz[-1]) + 1 if len(nz) else 0
+    del tail, nz  # no view of the map may outlive it
+    if n:
+        segment_pwrite(seg, bytes(n), pos)
+        segment_sync(seg)
+    return n

@@ -5,6 +5,9 @@ another holder makes :meth:`MessageStore.open` raise :class:`StoreLockedError`. 
 creates ``abort`` (§8.2: empty for 4.9, the PID for 5), finds the end of the CommitLog
 (§10.1), and restores the next queue offset of every queue from the ConsumeQueues
 (§10.6), first re-dispatching any records the queues lack (the 4.9 reput start, §9).
+After a crash (``abort`` was there) it also undoes what an interrupted append or index
+put left, and takes logicsMsgTimestamp from the last dispatched record, as the broker's
+abnormal recovery leaves them (§10.3).
 
 A clean :meth:`close` stops dispatch and flushing, syncs everything, deletes the
 preallocated segment nothing was written to (§2), writes the checkpoint (§8.1: 3 longs
@@ -23,14 +26,15 @@ from typing import Sequence
 
 from . import checkpoint as ckpt
 from . import layout as L
-from .append import Appended, CommitLogAppender, PutResult, PutStatus, prepare
+from .append import (Appended, CommitLogAppender, PutResult, PutStatus, clear_unfinished_append,
+                     prepare)
 from .codec import Message, parse_properties
 from .commitlog import Check, CommitLog, ScanEnd
 from .config import StoreConfig, load_config
 from .dispatch import DEFER_BYTES, BackgroundDispatcher, Dispatcher
 from .errors import NotAStoreError, RecordError
 from .flush import FlushService, TransientPool
-from .index import IndexGeometry, IndexService
+from .index import IndexGeometry, IndexService, recover_unfinished
 from .logics_flush import LogicsFlushService
 from .reput import keys_behind, queue_state
 from .segments import SegmentQueue
@@ -106,6 +110,8 @@ class MessageStore:
         self._log_queue = queue
 
         geometry = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
+        if cfg.message_index_enable and not self.was_clean:
+            recover_unfinished(cfg.index_dir, geometry)
         index = IndexService(cfg.index_dir, geometry, clock=clock,
                              max_msgs_num_batch=cfg.max_msgs_num_batch,
                              on_full=self._write_checkpoint) \
@@ -117,6 +123,9 @@ class MessageStore:
         if max_phy > end:
             raise RecordError("ConsumeQueue units point past the CommitLog's end "
                               f"({max_phy} > {end}); repair the store first", self.root, end)
+        if not self.was_clean:
+            # Only now: a store refused above keeps every byte.
+            clear_unfinished_append(queue, end)
         reput_from = max(queue.min_offset, max_phy)
         if queue.segments and (reput_from < end or not self.was_clean):
             with CommitLog(cfg, queue=queue) as log_view:
