@@ -27,9 +27,7 @@ def queue_state(root: Path, cq_file_size: int
         with ConsumeQueue(ref.path, cq_file_size) as cq:
             offsets[(ref.topic, ref.queue_id)] = cq.max_offset
             if cq.max_physic_offset > max_phy:
-                max_phy = cq.max_physic_offset
-                # max_physic_offset is the end of the queue's last unit (spec §6.1)
-                last = cq.unit_at(cq.max_offset - 1).commit_log_offset
+                max_phy, last = cq.max_physic_offset, cq.last_unit_offset
     return offsets, max_phy, last
 
 

@@ -17,11 +17,13 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, copy_store
+from rmqstore.append import clear_unfinished_append
 from rmqstore.checkpoint import read_checkpoint
 from rmqstore.codec import Message
 from rmqstore.config import StoreConfig, load_config
 from rmqstore.index import IndexFile, IndexGeometry, index_hash
 from rmqstore.reader import open_store
+from rmqstore.segments import SegmentQueue
 from rmqstore.store import MessageStore
 from rmqstore.verify import verify
 
@@ -91,6 +93,22 @@ def test_an_interrupted_append_is_cleared_on_reopen(tmp_path):
     assert after[:end] == bytes(data[:end])  # valid data untouched
     assert after[end:] == bytes(len(after) - end)
     assert verify(tmp_path, config=cfg).ok
+
+
+def test_clearing_reaches_the_last_non_zero_byte_of_a_large_segment(tmp_path):
+    size = 4 << 20
+    d = tmp_path / "commitlog"
+    d.mkdir()
+    with open(d / f"{0:020d}", "wb") as f:  # sparse, like a preallocated segment
+        f.truncate(size)
+        f.write(b"v" * 100)  # stands for valid data before the end at 100
+        f.seek(104)
+        f.write(b"g" * 96)  # TOTALSIZE (100..104) still zero
+        f.seek(3_000_000)
+        f.write(b"\7")  # in another MiB, after a hole
+    with SegmentQueue([d], size, writable=True, kind="commitlog") as q:
+        assert clear_unfinished_append(q, 100) == 3_000_001 - 100
+    assert (d / f"{0:020d}").read_bytes() == b"v" * 100 + bytes(size - 100)
 
 
 def test_a_torn_record_that_starts_with_its_size_is_left_as_the_broker_leaves_it(tmp_path):
