@@ -197,15 +197,17 @@ class ConsumeQueue:
         del segs[last + 1:]
         del self._used[last + 1:]
         self.max_physic_offset = -1
+        self.last_unit_offset: int | None = None  # CommitLog offset of the last unit's record
         for (_, units), n in zip(reversed(segs), reversed(self._used)):
             if n:
                 u = units[n - 1]
-                self.max_physic_offset = int(u["commit_log_offset"]) + int(u["size"])
+                self.last_unit_offset = int(u["commit_log_offset"])
+                self.max_physic_offset = self.last_unit_offset + int(u["size"])
                 break
 
     def _truncate(self, phy: int) -> None:
         """truncateDirtyLogicFiles(phy) on the view (spec §10.4)."""
-        self.max_physic_offset = phy
+        self.max_physic_offset, self.last_unit_offset = phy, None
         while self.segments:
             units = self.segments[-1][1]
             if len(units) and units[0]["commit_log_offset"] >= phy:
@@ -216,7 +218,8 @@ class ConsumeQueue:
             self._used[-1] = keep
             if keep:
                 u = units[keep - 1]
-                self.max_physic_offset = int(u["commit_log_offset"]) + int(u["size"])
+                self.last_unit_offset = int(u["commit_log_offset"])
+                self.max_physic_offset = self.last_unit_offset + int(u["size"])
             break
 
     # --- offsets ----------------------------------------------------------------------

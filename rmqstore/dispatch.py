@@ -173,6 +173,10 @@ class Dispatcher:
         # ConsumeQueueWriter.put's usual case (the next unit, in the mapped segment).
         pos = w.write_pos
         end = offset + size
+        if end > self._lag_end and self._pending:
+            # The waiting keys go before this record's unit: while keys wait, the queues
+            # end within _lag_end, the bound a reopen after a crash re-indexes from.
+            self._drain()
         # (write_pos is None before the queue's first unit: never equal to an int)
         if queue_offset * 20 == pos and end > w.max_physic_offset:
             rel = pos - w._map_start

@@ -393,6 +393,39 @@ def index_file_name(epoch_ms: int, tz: tzinfo | None = None) -> str:
     return t.strftime("%Y%m%d%H%M%S") + f"{epoch_ms % 1000:03d}"
 
 
+def recover_unfinished(index_dir: str | os.PathLike, geometry: IndexGeometry) -> None:
+    """After a crash: undo what an interrupted write left in the last index file.
+
+    * :meth:`IndexFile.create` makes the file and then sizes it; a writer killed in between
+      (the sizing can wait on the filesystem journal) leaves a 0-byte file that holds
+      nothing and fits no geometry: it is deleted (the next key creates it again).
+    * A put writes its entries, then the slot heads, then the header (spec §7.4); a writer
+      killed before the header leaves heads pointing at entries the header does not count.
+      Each such head goes back to the head it replaced, the prevIndex of the entry it
+      points at, so the next put neither links to nor counts the unfinished entries.
+    """
+    d = Path(index_dir)
+    files = _list_index_files(d) if d.is_dir() else []
+    if not files:
+        return
+    if files[-1].stat().st_size == 0:
+        files[-1].unlink()
+        return
+    f = IndexFile(files[-1], geometry, writable=True)
+    try:
+        count, slots, entries = f.header.index_count, f.slots, f.entries
+        for s in np.flatnonzero(slots >= count).tolist():
+            head = int(slots[s])
+            for _ in range(geometry.index_num):
+                if head < count or head >= geometry.index_num:
+                    break
+                head = int(entries[head]["prev_index"])
+            slots[s] = head if 0 <= head < count else 0
+        del slots, entries  # no view of the map may outlive it
+    finally:
+        f.close()
+
+
 class IndexService:
     """Writes index files in a directory like the broker's IndexService (spec §7.3-7.5).
 

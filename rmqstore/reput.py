@@ -1,13 +1,13 @@
 """Where dispatch stands when a store is opened for writing, and where its reput starts.
 
-:func:`queue_state` reads every ConsumeQueue's end (the next queue offset per queue and the
-furthest CommitLog byte any unit covers), as the broker does after recovery (spec §9,
-§10.6). :func:`keys_behind` answers the one question the ConsumeQueue cannot: after a
-crash, which records may have index keys that never reached the IndexFile. The synchronous
-dispatcher lets the keys of recent records wait to be put together
-(:data:`~rmqstore.dispatch.DEFER_BYTES` bounds how far back they can reach), so a store
-that was not closed cleanly is re-indexed from there; the §7.3 endPhyOffset rule and the
-ConsumeQueue's own skip of units it holds make the overlap harmless.
+:func:`queue_state` reads every ConsumeQueue's end (the next queue offset per queue, the
+furthest CommitLog byte any unit covers and the record of that unit), as the broker does
+after recovery (spec §9, §10.6). :func:`keys_behind` answers the one question the
+ConsumeQueue cannot: after a crash, which records may have index keys that never reached
+the IndexFile. The synchronous dispatcher lets the keys of recent records wait to be put
+together (:data:`~rmqstore.dispatch.DEFER_BYTES` bounds how far back they can reach), so a
+store that was not closed cleanly is re-indexed from there; the §7.3 endPhyOffset rule and
+the ConsumeQueue's own skip of units it holds make the overlap harmless.
 """
 
 from __future__ import annotations
@@ -17,16 +17,18 @@ from pathlib import Path
 from .consumequeue import ConsumeQueue, list_queues
 
 
-def queue_state(root: Path, cq_file_size: int) -> tuple[dict[tuple[str, int], int], int]:
-    """(next queue offset per (topic, queueId), max physical end over all queues);
-    max end -1 when there are no units."""
+def queue_state(root: Path, cq_file_size: int
+                ) -> tuple[dict[tuple[str, int], int], int, int | None]:
+    """(next queue offset per (topic, queueId), max physical end over all queues, CommitLog
+    offset of the record whose unit ends there); max end -1 and None with no units."""
     offsets: dict[tuple[str, int], int] = {}
-    max_phy = -1
+    max_phy, last = -1, None
     for ref in list_queues(root).queues:
         with ConsumeQueue(ref.path, cq_file_size) as cq:
             offsets[(ref.topic, ref.queue_id)] = cq.max_offset
-            max_phy = max(max_phy, cq.max_physic_offset)
-    return offsets, max_phy
+            if cq.max_physic_offset > max_phy:
+                max_phy, last = cq.max_physic_offset, cq.last_unit_offset
+    return offsets, max_phy, last
 
 
 def first_unit_from(root: Path, cq_file_size: int, low: int) -> int | None:

@@ -5,6 +5,9 @@ another holder makes :meth:`MessageStore.open` raise :class:`StoreLockedError`. 
 creates ``abort`` (§8.2: empty for 4.9, the PID for 5), finds the end of the CommitLog
 (§10.1), and restores the next queue offset of every queue from the ConsumeQueues
 (§10.6), first re-dispatching any records the queues lack (the 4.9 reput start, §9).
+After a crash (``abort`` was there) it also undoes what an interrupted append or index
+put left, and takes logicsMsgTimestamp from the last dispatched record, as the broker's
+abnormal recovery leaves them (§10.3).
 
 A clean :meth:`close` stops dispatch and flushing, syncs everything, deletes the
 preallocated segment nothing was written to (§2), writes the checkpoint (§8.1: 3 longs
@@ -23,14 +26,15 @@ from typing import Sequence
 
 from . import checkpoint as ckpt
 from . import layout as L
-from .append import Appended, CommitLogAppender, PutResult, PutStatus, prepare
+from .append import (Appended, CommitLogAppender, PutResult, PutStatus, clear_unfinished_append,
+                     prepare)
 from .codec import Message, parse_properties
-from .commitlog import Check, CommitLog
+from .commitlog import Check, CommitLog, ScanEnd
 from .config import StoreConfig, load_config
 from .dispatch import DEFER_BYTES, BackgroundDispatcher, Dispatcher
 from .errors import NotAStoreError, RecordError
 from .flush import FlushService, TransientPool
-from .index import IndexGeometry, IndexService
+from .index import IndexGeometry, IndexService, recover_unfinished
 from .logics_flush import LogicsFlushService
 from .reput import keys_behind, queue_state
 from .segments import SegmentQueue
@@ -102,13 +106,16 @@ class MessageStore:
         if bad:
             queue.close()
             raise RecordError(f"commitlog segment problem: {bad[0].detail}", bad[0].path, bad[0].offset)
-        end = self._find_end(queue)
+        found = self._find_end(queue)
+        end = found.offset if found is not None else 0
         size = cfg.mapped_file_size_commit_log
         # Segments wholly after the end hold nothing valid: the broker deletes them (§10.4).
         queue.delete_from(end - end % size + size)
         self._log_queue = queue
 
         geometry = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
+        if cfg.message_index_enable and not self.was_clean:
+            recover_unfinished(cfg.index_dir, geometry)
         index = IndexService(cfg.index_dir, geometry, clock=clock,
                              max_msgs_num_batch=cfg.max_msgs_num_batch,
                              on_full=self._write_checkpoint) \
@@ -116,10 +123,13 @@ class MessageStore:
         self.dispatcher = Dispatcher(cfg, index=index)
         self.dispatcher.logics_timestamp = self.checkpoint.logics_msg_timestamp
 
-        offsets, max_phy = queue_state(self.root, cfg.cq_file_size)
+        offsets, max_phy, _ = queue_state(self.root, cfg.cq_file_size)
         if max_phy > end:
             raise RecordError("ConsumeQueue units point past the CommitLog's end "
                               f"({max_phy} > {end}); repair the store first", self.root, end)
+        if not self.was_clean:
+            # Only now: a store refused above keeps every byte.
+            clear_unfinished_append(queue, end)
         reput_from = max(queue.min_offset, max_phy)
         if queue.segments and (reput_from < end or not self.was_clean):
             with CommitLog(cfg, queue=queue) as log_view:
@@ -135,13 +145,25 @@ class MessageStore:
                         reput_from = max(queue.min_offset, min(reput_from, behind))
                 if reput_from < end:
                     self.dispatcher.dispatch_log(log_view, reput_from, end)
-            offsets, _ = queue_state(self.root, cfg.cq_file_size)
+                offsets, _, last = queue_state(self.root, cfg.cq_file_size)
+                if not self.was_clean and last is not None:
+                    # The broker's abnormal recovery re-dispatches every record from its
+                    # start segment (spec §10.3), and each CQ write sets logicsMsgTimestamp,
+                    # a unit the queue already holds included (putMessagePositionInfo
+                    # returns true for it). Our reput skips those records, so take the
+                    # time of the last record the queues hold, or a clean close would
+                    # write the stale value of the crashed run's checkpoint (§8.1).
+                    self.dispatcher.logics_timestamp = log_view.read_at(last).store_timestamp
 
         self.pool = TransientPool(size, cfg.transient_store_pool_size) \
             if cfg.transient_store_pool_enable else None
         self.appender = CommitLogAppender(
             cfg, queue, end, offsets,
             buffer_for=self.pool.buffer_for if self.pool else None)
+        if found is not None and found.last_record >= 0:
+            # Recovery sets the confirm offset to the start of the last valid record (spec
+            # §10.2, §10.3); a 5.x close persists it as confirmPhyOffset (§8.1).
+            self.appender.last_record_offset = found.last_record
 
         def flushed(ts: int) -> None:
             self.physic_timestamp = ts
@@ -190,15 +212,16 @@ class MessageStore:
         if not self._sync_flush:
             self.put = self._quick_put()
 
-    def _find_end(self, queue: SegmentQueue) -> int:
+    def _find_end(self, queue: SegmentQueue) -> ScanEnd | None:
         """End of valid data (spec §10.1): from the third-to-last segment after a clean
-        shutdown, from the first after a crash (``abort`` was present)."""
+        shutdown, from the first after a crash (``abort`` was present); None without
+        segments."""
         if not queue.segments:
-            return 0
+            return None
         start = queue.segments[max(0, len(queue.segments) - 3)].start if self.was_clean \
             else queue.segments[0].start
         view = CommitLog(self.config, queue=queue)
-        return view.find_end(start).offset
+        return view.find_end(start)
 
     # --- writing -------------------------------------------------------------------------
 

@@ -155,3 +155,33 @@ def test_a_long_keyless_tail_bounds_the_wait(tmp_path):
     assert all(_indexed(tmp_path, 10).values())  # written before the kill
     MessageStore.open(tmp_path, StoreConfig()).close()
     assert all(len(v) == 1 for v in _indexed(tmp_path, 10).values())
+
+
+DIE_IN_DRAIN = textwrap.dedent("""
+    import os, sys
+    from rmqstore.codec import Message
+    from rmqstore.config import StoreConfig
+    from rmqstore.dispatch import Dispatcher
+    from rmqstore.store import MessageStore
+    root = sys.argv[1]
+    st = MessageStore.open(root, StoreConfig(flush_interval_commit_log=600_000), create=True)
+    st.put(Message(topic="C", body=b"b" * 100))  # no keys: it opens the write-behind window
+    Dispatcher._drain = lambda self: os._exit(9) if self._pending else None
+    for i in range(500):  # 10 KB records: the window's end comes after about 100 keys
+        st.put(Message(topic="C", body=b"b" * 10_000, properties={"KEYS": f"k{i}"}))
+""")
+
+
+def test_a_writer_killed_in_the_drain_at_the_windows_end_loses_no_key(tmp_path):
+    """The record that ends past the window drains the waiting keys; a writer that dies
+    in that drain must not have written that record's ConsumeQueue unit yet, or the
+    reopen's re-index (DEFER_BYTES back from the queues' end) misses the first keys."""
+    child = subprocess.run([sys.executable, "-c", DIE_IN_DRAIN, str(tmp_path)])
+    assert child.returncode == 9 and (tmp_path / "abort").exists()
+    MessageStore.open(tmp_path, StoreConfig()).close()
+    with open_store(tmp_path) as r:
+        offsets = {m.keys[0]: m.commit_log_offset for m in r.messages() if m.keys}
+        with r.index() as idx:
+            indexed = {k: idx.query("C", k, 64).phy_offsets for k in offsets}
+    assert len(offsets) > 90
+    assert indexed == {k: [off] for k, off in offsets.items()}
