@@ -42,6 +42,9 @@ _load_commands()
 
 
 def run() -> None:
+    from cli.guard import supervise
+
+    supervise()  # the command runs in a child: a bus error becomes one line (cli/guard.py)
     app(prog_name="rmqstore")
 
 

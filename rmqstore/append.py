@@ -31,11 +31,15 @@ import numpy as np
 from . import layout as L
 from .codec import Message, body_crc, offset_msg_id
 from .config import StoreConfig
-from .errors import OffsetError
+from .errors import OffsetError, StoreIOError
 from .names import shown, topic_problem
-from .segments import Segment, SegmentQueue, segment_pwrite, segment_sync
+from .segments import Segment, SegmentQueue, segment_ahead, segment_pwrite, segment_sync
 
 _PWRITE_MIN = 64 * 1024  # bytes from which _place writes with pwrite, not the mapping
+#: Segment bytes allocated at a time ahead of the write position: a store through the
+#: map into an unallocated page on a full disk is a SIGBUS, an allocation that fails is
+#: an error before any byte changes. One posix_fallocate per 16 MiB costs nothing a put.
+ALLOCATE_AHEAD = 16 << 20
 
 _BLANK = L.BLANK_STRUCT
 _HOST_BITS = L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6
@@ -325,13 +329,18 @@ class CommitLogAppender:
     def __init__(self, config: StoreConfig, queue: SegmentQueue, end: int,
                  queue_offsets: dict[tuple[str, int], int] | None = None, *,
                  buffer_for: Callable[[Segment], object] | None = None,
-                 preallocate: bool = True):
+                 preallocate: bool = True,
+                 on_dispatch_error: Callable[[StoreIOError], None] | None = None):
         self.config = config
         self.queue = queue
         self.size = config.mapped_file_size_commit_log
         self.queue_offsets: dict[tuple[str, int], int] = dict(queue_offsets or {})
         self.lock = threading.RLock()
         self.preallocate = preallocate
+        # A record written whose dispatch then hit a full disk is still put (as in the
+        # broker, where dispatch runs after the append): this is told, and the store
+        # stops taking messages. Without it the error is raised.
+        self.on_dispatch_error = on_dispatch_error
         self._buffer_for = buffer_for or (lambda seg: seg.buffer())
         self._direct = buffer_for is None  # writes land in the segment's own mapping
         self.end = end  # absolute offset of the next record
@@ -340,6 +349,10 @@ class CommitLogAppender:
         self._seg: Segment | None = None
         self._seg_start = 0
         self._seg_end = 0  # where the current segment ends (0: none yet)
+        # Where the allocated part of the current segment ends (<= _seg_end): a record
+        # whose end + 8 (room for a BLANK) is within it goes straight in.
+        self._alloc_end = 0
+        self._ahead = None  # the current segment's Ahead (its end is _alloc_end)
         self._buf = None
         # Fast single-put path (put_message): what prepare() works out per topic and per
         # host width, computed once.
@@ -366,30 +379,70 @@ class CommitLogAppender:
 
     # --- segments ------------------------------------------------------------------------
 
-    def _open_segment(self, start: int) -> None:
+    def _take_segment(self, start: int) -> tuple[Segment, object]:
         seg = self.queue.create_segment(start)
         if self.preallocate:
             # The broker asks for the next-next segment when it takes a new one (spec §2).
             self.queue.create_segment(start + self.size)
+        return seg, self._buffer_for(seg)
+
+    def _open_segment(self, start: int) -> None:
+        seg, buf = self._take_segment(start)
         self._seg = seg
         self._seg_start = seg.start
         self._seg_end = seg.start + self.size
-        self._buf = self._buffer_for(seg)
+        self._buf = buf
+        at = max(self.end, seg.start)
+        self._ahead = segment_ahead(seg, at - seg.start, ALLOCATE_AHEAD)
+        self._alloc_end = at  # nothing known to be allocated after
 
-    def _room(self) -> int:
-        return self.size - self.end % self.size if self._seg is not None else 0
+    def _make_room(self, n: int) -> None:
+        """Room for ``n`` bytes at ``end`` and a later BLANK's 8, allocated on disk: in
+        this segment, or in the next after a BLANK. A full disk raises
+        :class:`~rmqstore.errors.StoreIOError` before any byte changes."""
+        try:
+            if self._seg is None or self.end + n + L.END_FILE_MIN_BLANK_LENGTH > self._seg_end:
+                self._write_blank(n)
+            else:
+                self._allocate(self.end + n + L.END_FILE_MIN_BLANK_LENGTH)
+        except StoreIOError as e:
+            e.store_unchanged = True  # nothing was written (MessageStore._failed)
+            raise
 
-    def _write_blank(self) -> None:
-        """Close the current segment with an 8-byte BLANK and start the next (spec §4)."""
-        if self._seg is not None:
-            pos = self.end - self._seg.start
-            left = self.size - pos
-            buf = self._buf
-            # Magic first, size last: a concurrent scan sees zeros, then the whole BLANK.
-            buf[pos + 4:pos + 8] = _BLANK.pack(0, L.MAGIC_BLANK)[4:]
-            buf[pos:pos + 4] = left.to_bytes(4, "big", signed=True)
-            self.end += left
-        self._open_segment(self.end)
+    def _allocate(self, upto: int) -> None:
+        if upto > self._alloc_end:
+            s = self._seg_start
+            self._alloc_end = s + self._ahead.need(upto - s)
+
+    def release_ahead(self) -> None:
+        """Give back the segment bytes allocated ahead and never written (a clean close:
+        the files then take the space the broker's sparse ones take)."""
+        if self._ahead is not None and self._alloc_end > self.end:
+            self._ahead.give_back(self.end - self._seg_start)
+            self._alloc_end = self.end
+
+    def _write_blank(self, n: int = 0) -> None:
+        """Close the current segment with an 8-byte BLANK and start the next (spec §4),
+        with room for ``n`` bytes: the next segment is made and allocated first, so a
+        full disk leaves the current one as it was."""
+        if self._seg is None:
+            self._open_segment(self.end)
+            self._allocate(self.end + n + L.END_FILE_MIN_BLANK_LENGTH)
+            return
+        self._allocate(self.end + L.END_FILE_MIN_BLANK_LENGTH)
+        nxt_start = self._seg_start + self.size
+        nxt, nbuf = self._take_segment(nxt_start)
+        nahead = segment_ahead(nxt, 0, ALLOCATE_AHEAD)
+        nalloc = nxt_start + nahead.need(n + L.END_FILE_MIN_BLANK_LENGTH)
+        pos = self.end - self._seg_start
+        left = self.size - pos
+        buf = self._buf
+        # Magic first, size last: a concurrent scan sees zeros, then the whole BLANK.
+        buf[pos + 4:pos + 8] = _BLANK.pack(0, L.MAGIC_BLANK)[4:]
+        buf[pos:pos + 4] = left.to_bytes(4, "big", signed=True)
+        self.end += left
+        self._seg, self._seg_start, self._seg_end = nxt, nxt_start, nxt_start + self.size
+        self._buf, self._alloc_end, self._ahead = nbuf, nalloc, nahead
 
     # --- append --------------------------------------------------------------------------
 
@@ -426,8 +479,7 @@ class CommitLogAppender:
 
     def append(self, p: Prepared, *, stamp: bool = False) -> tuple[PutResult, Appended]:
         """Append one prepared record; the caller holds :attr:`lock`."""
-        if self._seg is None or p.total + L.END_FILE_MIN_BLANK_LENGTH > self._room():
-            self._write_blank()
+        self._make_room(p.total)
         m = p.msg
         store_ts = now_ms() if stamp else m.store_timestamp
         key, qoff, advance = self._next_queue_offset(p)
@@ -448,20 +500,22 @@ class CommitLogAppender:
         """Append records that must share one segment (a regular batch, spec §3.7).
         The caller holds :attr:`lock` and has checked that the batch fits a segment."""
         total = sum(p.total for p in preps)
-        if self._seg is None or total + L.END_FILE_MIN_BLANK_LENGTH > self._room():
-            self._write_blank()
+        self._make_room(total)
         store_ts = now_ms() if stamp else None
         start = self.end
         phys = start
         chunks = []
         results, appended = [], []
         counters = self.queue_offsets
+        before: dict = {}  # counters as they were, put back if the write fails
         for p in preps:
             m = p.msg
             ts = m.store_timestamp if store_ts is None else store_ts
             key, qoff, advance = self._next_queue_offset(p)
             chunks.append(self._encode(p, phys, qoff, ts))
             if advance:
+                if key not in before:
+                    before[key] = counters.get(key)
                 counters[key] = qoff + 1
             results.append(PutResult(PutStatus.PUT_OK, phys, p.total, qoff, ts,
                                      offset_msg_id(m.store_host, phys)))
@@ -470,7 +524,15 @@ class CommitLogAppender:
             phys += p.total
             self.last_store_timestamp = ts
         data = b"".join(chunks)
-        self._place(data, len(data))
+        try:
+            self._place(data, len(data))
+        except BaseException:
+            for key, v in before.items():
+                if v is None:
+                    counters.pop(key, None)
+                else:
+                    counters[key] = v
+            raise
         self.last_record_offset = results[-1].offset
         return results, appended
 
@@ -482,9 +544,9 @@ class CommitLogAppender:
         return count
 
     def reserve(self, total: int) -> int:
-        """Where a batch of ``total`` bytes will start, after a BLANK if it must move."""
-        if self._seg is None or total + L.END_FILE_MIN_BLANK_LENGTH > self._room():
-            self._write_blank()
+        """Where a batch of ``total`` bytes will start, after a BLANK if it must move;
+        its bytes are allocated on disk (StoreIOError before any change otherwise)."""
+        self._make_room(total)
         return self.end
 
     # --- the fast single put -------------------------------------------------------------
@@ -574,8 +636,8 @@ class CommitLogAppender:
         lock.acquire()
         try:
             end = self.end
-            if end + total + 8 > self._seg_end:  # no room for the record and a BLANK
-                self._write_blank()
+            if end + total + 8 > self._alloc_end:  # no allocated room for it and a BLANK
+                self._make_room(total)
                 end = self.end
             if sys_flag & _TX_PREPARED_BIT:
                 qoff = 0  # PREPARED / ROLLBACK: 0, and no advance (spec §3.2)
@@ -598,7 +660,10 @@ class CommitLogAppender:
             self.last_store_timestamp = ts
             self.last_record_offset = end
             if record is not None:
-                record(topic, queue_id, qoff, end, total, sys_flag, ts, props, text)
+                try:
+                    record(topic, queue_id, qoff, end, total, sys_flag, ts, props, text)
+                except StoreIOError as e:
+                    self.dispatch_failed(e)
         finally:
             lock.release()
         return _put_ok(end, total, qoff, ts, prefix)
@@ -731,9 +796,6 @@ class CommitLogAppender:
             counters = self.queue_offsets
             base = np.array([counters.get(key, 0) for key in keys] + [0], dtype=np.int64)
             qoffs = np.where(advance, base[codes] + rank, 0)
-            for key, b, u in zip(keys, base.tolist(), used.tolist()):
-                if u:
-                    counters[key] = b + u
             if stamp:
                 now = now_ms()
                 ts_list = [now] * n
@@ -746,17 +808,30 @@ class CommitLogAppender:
             heads = hdr.view(f"V{fixed}").tolist()
             data = b"".join(itertools.chain.from_iterable(zip(heads, bodies, tblocks, plen_b, props_b)))
             self._place(data, total)
+            for key, b, u in zip(keys, base.tolist(), used.tolist()):  # once written
+                if u:
+                    counters[key] = b + u
             self.last_store_timestamp = ts_list[-1]
             self.last_record_offset = int(phys[-1])
             if record_many is not None:
-                record_many(topics, distinct, qids, qoffs, phys, totals, sys_arr, ts_list,
-                            parsed, texts)
+                try:
+                    record_many(topics, distinct, qids, qoffs, phys, totals, sys_arr, ts_list,
+                                parsed, texts)
+                except StoreIOError as e:
+                    self.dispatch_failed(e)
         if len(store_set) == 1:
             prefix = self._msg_id_prefix.get(store_hosts[0]) or offset_msg_id(store_hosts[0], 0)[:-16]
             prefixes = itertools.repeat(prefix, n)
         else:
             prefixes = [offset_msg_id(h, 0)[:-16] for h in store_hosts]
         return PutResults(phys, totals, qoffs, ts_list, prefixes)
+
+    def dispatch_failed(self, e: StoreIOError) -> None:
+        """Dispatch of records already written failed (a full disk): tell the store, or
+        raise when nobody listens."""
+        if self.on_dispatch_error is None:
+            raise e
+        self.on_dispatch_error(e)
 
     @property
     def current_segment(self) -> Segment | None:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from . import layout as L
 from .errors import RecordError, StoreLockedError, UnsafePathError
+from .mapped import io_error
+from .notes import note_writing
 
 CHECKPOINT = "checkpoint"
 ABORT = "abort"
@@ -89,13 +91,16 @@ def write_checkpoint(root_or_file: str | os.PathLike, cp: Checkpoint, *,
                                            cp.confirm_phy_offset)
     else:
         raise ValueError(f"unknown checkpoint version {version!r}")
-    fd = _open_in_store(path, os.O_RDWR | os.O_CREAT)
     try:
-        os.pwrite(fd, data.ljust(L.CHECKPOINT_FILE_SIZE, b"\0"), 0)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = _open_in_store(path, os.O_RDWR | os.O_CREAT)
+        try:
+            os.pwrite(fd, data.ljust(L.CHECKPOINT_FILE_SIZE, b"\0"), 0)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise io_error(e, path, "write checkpoint") from None
 
 
 # --- abort (spec §8.2) -------------------------------------------------------------------
@@ -109,12 +114,21 @@ def abort_exists(root: str | os.PathLike) -> bool:
 def create_abort(root: str | os.PathLike, content: bytes = b"") -> None:
     """Mark the store as being modified: 4.9 writes it empty, 5.x the PID text."""
     path = Path(root) / ABORT
-    fd = _open_in_store(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    existed = path.exists()
     try:
-        os.write(fd, content)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = _open_in_store(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            os.write(fd, content)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if not existed:  # a full disk: leave no half-made marker behind
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        raise io_error(e, path, "create abort") from None
 
 
 def remove_abort(root: str | os.PathLike) -> None:
@@ -174,10 +188,16 @@ class StoreLock:
                     "the store is locked by another process (a running broker?); "
                     "stop it before writing", self.path) from None
             raise StoreLockedError(f"cannot lock: {e.strerror}", self.path) from None
-        os.pwrite(fd, LOCK_CONTENT, 0)
-        os.fsync(fd)
+        try:
+            os.pwrite(fd, LOCK_CONTENT, 0)
+            os.fsync(fd)
+        except OSError as e:
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0)
+            os.close(fd)
+            raise io_error(e, self.path, "write lock") from None
         self._fd = fd
         _HELD[key] = self
+        note_writing(self.path.parent)  # for the CLI's last-resort message
         return self
 
     def release(self) -> None:

@@ -36,6 +36,7 @@ import numpy as np
 from . import layout as L
 from .append import Appended, PutResults, now_ms
 from .codec import SCHEDULE_TOPIC, Host, Message, java_hash, offset_msg_id, parse_properties
+from .errors import StoreIOError
 
 _DEFAULT_BORN = Message.__dataclass_fields__["born_host"].default
 _DEFAULT_STORE = Message.__dataclass_fields__["store_host"].default
@@ -511,9 +512,6 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
         phys = rel + start
         counters = a.queue_offsets
         base = np.array([counters.get(key, 0) for key in keys] + [0], dtype=np.int64)
-        for key, b, u in zip(keys, base[:nk].tolist(), used.tolist()):
-            if u:
-                counters[key] = b + u
         if advance is True:
             qoffs = base[codes] + rank
         elif advance is False:
@@ -528,13 +526,19 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
         heads = hdr.view(f"V{fixed}").tolist()
         data = b"".join(itertools.chain.from_iterable(zip(heads, bodies, *pieces)))
         a._place(data, total)
+        for key, b, u in zip(keys, base[:nk].tolist(), used.tolist()):  # once written
+            if u:
+                counters[key] = b + u
         a.last_store_timestamp = store_ts if isinstance(store_ts, int) else int(store_ts[-1])
         a.last_record_offset = int(phys[-1])
         if record is not None:
             cols = _Dispatched(topic if single else None, topics, distinct, q, qoffs, phys,
                                totals, sys_arr, tx, store_ts, batch, texts, cols_info,
                                order, codes, keys, used, base)
-            record(cols)
+            try:
+                record(cols)
+            except StoreIOError as e:  # the batch is written: it is put (MessageStore._failed)
+                a.dispatch_failed(e)
     if isinstance(store_ts, int):
         ts_list = itertools.repeat(store_ts, n)
     else:

@@ -20,6 +20,7 @@ import numpy as np
 from . import layout as L
 from .errors import OffsetError, SegmentError, UnsafePathError
 from .listing import LONG_MAX, entries, odd_entry, offset_name
+from .mapped import Ahead, io_error, map_read, note
 from .names import queue_dir
 
 DEFAULT_CQ_FILE_SIZE = 6_000_000
@@ -167,10 +168,13 @@ class ConsumeQueue:
     def _map(self, p: Path, length: int) -> np.ndarray:
         if length < UNIT:
             return np.zeros(0, dtype=L.CQ_UNIT_DTYPE)
+        f = None
         try:
             f = open(p, "rb")
-            mm = mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ)
+            mm = map_read(f.fileno(), length, p)  # holes read as zeros, never a bus error
         except OSError as e:
+            if f is not None:
+                f.close()
             raise SegmentError(f"cannot map ConsumeQueue segment: {e.strerror}", p) from None
         self._files.append(f)
         self._maps.append(mm)
@@ -381,9 +385,13 @@ class ConsumeQueueWriter:
         self._fds: dict[int, int] = {}
         # Units are stored through a shared mapping of the segment being written: a
         # 20-byte store costs far less than a pwrite() system call, same bytes on disk.
+        # Only into allocated bytes (a store into an unallocated page on a full disk is a
+        # SIGBUS): each file is allocated ALLOCATE_AHEAD bytes at a time, in _ensure.
         self._maps: dict[int, mmap.mmap] = {}
         self._map_start = -1  # segment start of _map_cur
         self._map_cur: mmap.mmap | None = None
+        self._ahead: dict[int, Ahead] = {}  # segment start -> its allocation ahead
+        self._map_alloc = 0  # _map_cur's allocated bytes, whole units: units below go in
         self._flushed_pos = self.write_pos or 0  # what flush() last covered
 
     # --- segment files --------------------------------------------------------------
@@ -394,12 +402,30 @@ class ConsumeQueueWriter:
             p = self.path / f"{start:020d}"
             try:
                 fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise io_error(e, p, "open ConsumeQueue segment") from None
+            try:
                 if os.fstat(fd).st_size < self.file_size:
                     os.ftruncate(fd, self.file_size)  # sparse zeros, like a fresh mmap (§2)
             except OSError as e:
-                raise SegmentError(f"cannot open ConsumeQueue segment: {e.strerror}", p) from None
+                os.close(fd)
+                raise io_error(e, p, "size ConsumeQueue segment") from None
             self._fds[start] = fd
         return fd
+
+    def _ensure(self, start: int, at: int, upto: int) -> None:
+        """Allocate segment ``start`` for a write of bytes ``[at, upto)`` (and ahead)
+        before units are stored there; :class:`StoreIOError` (nothing written) on a full
+        disk."""
+        ahead = self._ahead.get(start)
+        if ahead is None:
+            ahead = self._ahead[start] = Ahead(
+                self._fd(start), at, self.file_size, ALLOCATE_AHEAD,
+                self.path / f"{start:020d}", "the ConsumeQueue segment")
+        if upto > ahead.end:
+            have = ahead.need(upto)
+            if start == self._map_start:
+                self._map_alloc = have - have % UNIT
 
     def _segment_for(self, queue_offset: int) -> None:
         """getLastMappedFile: the first segment, with placeholders, or the next one."""
@@ -419,13 +445,20 @@ class ConsumeQueueWriter:
     def _map_for(self, start: int) -> mmap.mmap:
         mm = self._maps.get(start)
         if mm is None:
-            mm = self._maps[start] = mmap.mmap(self._fd(start), self.file_size)
-        self._map_start, self._map_cur = start, mm
+            note(self.path / f"{start:020d}", "write")
+            try:
+                mm = self._maps[start] = mmap.mmap(self._fd(start), self.file_size)
+            except OSError as e:
+                raise io_error(e, self.path / f"{start:020d}", "map ConsumeQueue segment") from None
+        ahead = self._ahead.get(start)
+        have = ahead.end if ahead is not None else 0
+        self._map_start, self._map_cur, self._map_alloc = start, mm, have - have % UNIT
         return mm
 
     def _pwrite(self, pos: int, data: bytes) -> None:
         start = self._starts[-1]
         mm = self._map_cur if start == self._map_start else self._map_for(start)
+        self._ensure(start, pos - start, pos - start + len(data))
         mm[pos - start:pos - start + len(data)] = data
 
     # --- appending ------------------------------------------------------------------
@@ -436,7 +469,7 @@ class ConsumeQueueWriter:
             return False  # a repeat
         pos = self.write_pos
         if pos is not None and queue_offset * UNIT == pos \
-                and 0 <= pos - self._map_start < self.file_size and self._map_start == self._starts[-1]:
+                and 0 <= pos - self._map_start < self._map_alloc and self._map_start == self._starts[-1]:
             # The usual case: the next unit, in the segment being written.
             _UNIT_STRUCT.pack_into(self._map_cur, pos - self._map_start,
                                    commit_log_offset, size, tags_code)
@@ -513,9 +546,14 @@ class ConsumeQueueWriter:
             start = self._starts[-1]
             room = start + self.file_size - self.write_pos
             chunk = data[done:done + room]
+            self._ensure(start, self.write_pos - start, self.write_pos - start + len(chunk))
             if len(chunk) >= _PWRITE_MIN:
                 # Many units: one pwrite costs less than page-faulting the fresh mapping.
-                os.pwrite(self._fd(start), chunk, self.write_pos - start)
+                try:
+                    os.pwrite(self._fd(start), chunk, self.write_pos - start)
+                except OSError as e:
+                    raise io_error(e, self.path / f"{start:020d}", "write ConsumeQueue units",
+                                   self.write_pos - start) from None
             else:
                 self._pwrite(self.write_pos, chunk)
             self.write_pos += len(chunk)
@@ -529,14 +567,22 @@ class ConsumeQueueWriter:
         pos = self.write_pos or 0
         if least_pages and pos // 4096 - self._flushed_pos // 4096 < least_pages:
             return
-        for fd in list(self._fds.values()):
-            os.fsync(fd)
+        for start, fd in list(self._fds.items()):
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                raise io_error(e, self.path / f"{start:020d}", "sync ConsumeQueue segment") from None
         self._flushed_pos = pos
 
     def close(self) -> None:
+        # Only the last file has bytes allocated ahead and never written: give them back.
+        if self._starts and self.write_pos is not None and self._starts[-1] in self._ahead:
+            start = self._starts[-1]
+            self._ahead[start].give_back(self.write_pos - start)
         for mm in self._maps.values():
             mm.close()
         self._maps, self._map_start, self._map_cur = {}, -1, None
+        self._ahead, self._map_alloc = {}, 0
         for fd in self._fds.values():
             os.close(fd)
         self._fds = {}
@@ -549,6 +595,9 @@ class ConsumeQueueWriter:
 
 
 _PWRITE_MIN = 64 * 1024  # bytes from which dense units are written with pwrite
+#: Bytes of a ConsumeQueue file allocated at a time ahead of the units written (3,276
+#: units): small, as a store may have thousands of queues, each with its file.
+ALLOCATE_AHEAD = 64 * 1024
 
 
 def build_consume_queue(path: str | os.PathLike, queue_offsets, commit_log_offsets, sizes,

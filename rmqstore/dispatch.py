@@ -110,8 +110,8 @@ class Dispatcher:
                        units["size"], units["tags_code"])
             return
         start, size = w._starts[-1], w.file_size
-        if pos - start + len(data) <= size and w._map_start == start:
-            mm = w._map_cur  # the usual case: within the segment being written
+        if pos - start + len(data) <= w._map_alloc and w._map_start == start:
+            mm = w._map_cur  # the usual case: within the allocated part being written
             mm[pos - start:pos - start + len(data)] = data
             w.write_pos = pos + len(data)
         else:
@@ -180,7 +180,7 @@ class Dispatcher:
         # (write_pos is None before the queue's first unit: never equal to an int)
         if queue_offset * 20 == pos and end > w.max_physic_offset:
             rel = pos - w._map_start
-            if 0 <= rel < w.file_size and w._map_start == w._starts[-1]:
+            if 0 <= rel < w._map_alloc and w._map_start == w._starts[-1]:  # allocated
                 _unit_pack_into(w._map_cur, rel, offset, size, code)
                 w.write_pos = pos + 20
                 w.max_physic_offset = end
@@ -532,6 +532,11 @@ class Dispatcher:
 
     def close(self) -> None:
         self.settle_index()
+        self.release()
+
+    def release(self) -> None:
+        """Close the files without writing the index keys still waiting (after an I/O
+        error; the next open re-dispatches them)."""
         for w in self._writers.values():
             w.close()
         self._writers = {}
@@ -569,7 +574,8 @@ class BackgroundDispatcher:
                 self._pending.clear()
                 self._busy = True
             try:
-                self.dispatcher.dispatch_many([a for records in batch for a in records])
+                if self.error is None:  # after a failure, units would land out of place
+                    self.dispatcher.dispatch_many([a for records in batch for a in records])
             except BaseException as e:  # kept for close() to raise: dispatch must not die silently
                 self.error = e
             with self._cond:

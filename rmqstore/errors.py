@@ -86,3 +86,9 @@ class StoreIOError(RmqStoreError):
                  offset: int | None = None, *, errno: int | None = None):
         super().__init__(message, path, offset)
         self.errno = errno
+
+
+class WorkerDiedError(RmqStoreError):
+    """A worker process died before it handed back its result (killed by a signal: a bus
+    error on a mapped file, the out-of-memory killer, ...); names the signal and, when
+    known, the file it was mapping."""

@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Callable
 
+from .errors import StoreIOError
 from .segments import OS_PAGE_SIZE, Segment, segment_pwrite, segment_sync
 
 
@@ -180,7 +181,7 @@ class FlushService:
                 if t - last_thorough_flush >= cfg.flush_commit_log_thorough_interval / 1000:
                     least, last_thorough_flush = 0, t
                 self.flush(least)
-            except OSError:
+            except (OSError, StoreIOError):
                 # A disk error: keep the thread alive; writers waiting will time out and
                 # the store's close reports the failure when it flushes for the last time.
                 time.sleep(0.01)

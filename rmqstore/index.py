@@ -22,7 +22,8 @@ import numpy as np
 
 from . import layout as L
 from .codec import index_hash, split_keys
-from .errors import ConfigError, SegmentError
+from .errors import ConfigError, SegmentError, StoreIOError
+from .mapped import Ahead, allocate, io_error, map_read, note
 
 DEFAULT_HASH_SLOT_NUM = 5_000_000
 DEFAULT_INDEX_NUM = 20_000_000
@@ -117,11 +118,25 @@ class IndexFile:
         self.path = Path(path)
         self.geometry = g = geometry
         self.writable = writable or _create
+        self._file = None
+        self._ahead: Ahead | None = None  # entries allocated ahead (writable files)
+        self._limit = 0  # entries below min(maxIndexNum, allocated) are put straight in
         try:
             if _create:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-                os.ftruncate(fd, g.file_size)  # sparse zeros, like the broker's fresh mmap
+                try:
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                except OSError as e:
+                    raise io_error(e, self.path, "create IndexFile") from None
                 self._file = os.fdopen(fd, "r+b")
+                try:
+                    os.ftruncate(fd, g.file_size)  # sparse zeros, like the broker's fresh mmap
+                    self._start_writing(1)
+                except BaseException as e:
+                    self._file.close()
+                    os.unlink(self.path)  # a full disk leaves no half-made file
+                    if isinstance(e, OSError):
+                        raise io_error(e, self.path, "size IndexFile") from None
+                    raise
             else:
                 self._file = open(self.path, "r+b" if writable else "rb")
             size = os.fstat(self._file.fileno()).st_size
@@ -130,13 +145,45 @@ class IndexFile:
                 raise ConfigError(
                     f"IndexFile is {size} bytes but maxHashSlotNum={g.hash_slot_num}, "
                     f"maxIndexNum={g.index_num} need {g.file_size}", self.path)
-            self._map = mmap.mmap(self._file.fileno(), size,
-                                  access=mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ)
+            if self.writable:
+                if not _create:
+                    # The header is read with pread: it may be a hole (a file created and
+                    # never written), which a writable map on tmpfs would allocate.
+                    head = os.pread(self._file.fileno(), L.INDEX_HEADER_SIZE, 0)
+                    count = _HEADER.unpack(head.ljust(L.INDEX_HEADER_SIZE, b"\0"))[5]
+                    self._start_writing(min(max(count, 1), g.index_num))
+                note(self.path, "write")
+                self._map = mmap.mmap(self._file.fileno(), size, access=mmap.ACCESS_WRITE)
+            else:
+                self._map = map_read(self._file.fileno(), size, self.path)
+        except StoreIOError:
+            if self._file is not None and not self._file.closed:
+                self._file.close()
+            raise
         except OSError as e:
+            if self._file is not None:
+                self._file.close()
             raise SegmentError(f"cannot map IndexFile: {e.strerror}", self.path) from None
         self.header = IndexHeader(*_HEADER.unpack_from(self._map, 0))
         if self.header.index_count <= 0:
             self.header.index_count = 1  # a new file shows 0 until its first put (§7.4)
+
+    def _start_writing(self, count: int) -> None:
+        """Allocate header, slots and the ``count`` entries so far (puts store into the
+        slots anywhere), then entries ahead; :class:`StoreIOError` (nothing written) when
+        the disk is full."""
+        g = self.geometry
+        fd = self._file.fileno()
+        at = g.entries_start + count * _ENTRY_SIZE
+        self._ahead = Ahead(fd, at, g.file_size, ALLOCATE_AHEAD, self.path, "the IndexFile")
+        allocate(fd, 0, at, self.path, "the IndexFile's header and slots")
+        self._allocate(count + 1)
+
+    def _allocate(self, entries: int) -> None:
+        """Allocate entries ``[0, entries)`` (and ahead) before they are stored."""
+        g = self.geometry
+        end = self._ahead.need(g.entries_start + min(entries, g.index_num) * _ENTRY_SIZE)
+        self._limit = min(g.index_num, (end - g.entries_start) // _ENTRY_SIZE)
 
     @classmethod
     def create(cls, path: str | os.PathLike, geometry: IndexGeometry,
@@ -209,8 +256,10 @@ class IndexFile:
         h = self.header
         count = h.index_count
         g = self.geometry
-        if count >= g.index_num:
-            return False
+        if count >= self._limit:
+            if count >= g.index_num:
+                return False
+            self._allocate(count + 1)
         mm = self._map
         sp = _SLOTS_AT + key_hash % g.hash_slot_num * _SLOT_SIZE
         (head,) = _slot_unpack_from(mm, sp)
@@ -247,6 +296,8 @@ class IndexFile:
             return
         if c0 + m > g.index_num:
             raise ValueError("entries do not fit in this IndexFile")
+        if c0 + m > self._limit:
+            self._allocate(c0 + m)
         slot = np.asarray(key_hashes, dtype=np.int64) % g.hash_slot_num
         slots = self.slots
         if m < 2 or (m <= _DISTINCT_CHECK_MAX and (np.diff(np.sort(slot)) != 0).all()):
@@ -310,9 +361,17 @@ class IndexFile:
 
     def flush(self) -> None:
         if self.writable:
-            self._map.flush()
+            try:
+                self._map.flush()
+            except OSError as e:
+                raise io_error(e, self.path, "sync IndexFile") from None
 
     def close(self) -> None:
+        if self._ahead is not None:
+            # Entries allocated ahead and never written: back to a hole, as the broker has it.
+            self._ahead.give_back(self.geometry.entries_start
+                                  + self.header.index_count * _ENTRY_SIZE)
+            self._ahead, self._limit = None, 0
         try:
             self._map.close()
         except BufferError:
@@ -321,6 +380,9 @@ class IndexFile:
 
 
 _DISTINCT_CHECK_MAX = 1 << 16  # batches up to this size first try the no-collision path
+#: Bytes allocated at a time ahead of the entries written (52,428 entries): a store
+#: through the map into an unallocated page on a full disk is a SIGBUS.
+ALLOCATE_AHEAD = 1 << 20
 
 
 def _time_diff(delta):

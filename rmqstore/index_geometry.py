@@ -20,7 +20,6 @@ Anything less certain is left undetermined: reads warn, writes ask for ``--confi
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import numpy as np
 
 from . import layout as L
 from .listing import entries as list_entries
+from .mapped import data_extents, map_read
 
 DEFAULT_SLOTS, DEFAULT_ENTRIES = 5_000_000, 20_000_000
 _H, _S, _E = L.INDEX_HEADER_SIZE, L.INDEX_SLOT_SIZE, L.INDEX_ENTRY_SIZE
@@ -151,11 +151,14 @@ def _tail_candidates(f: IndexFacts) -> set[int]:
 def _last_nonzero(path: Path, size: int, chunk: int = 1 << 20) -> int | None:
     try:
         with open(path, "rb") as fh:
-            m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            # Holes read as zeros without a bus error (tmpfs), and are not scanned: the
+            # last non-zero byte is in the last data extent.
+            m = map_read(fh.fileno(), 0, path)
+            extents = data_extents(fh.fileno(), size)
     except (OSError, ValueError):
         return None
     try:
-        end = size
+        end = min(size, len(m), extents[-1][1] if extents else 0)
         while end > _H:
             start = max(_H, end - chunk)
             nz = np.flatnonzero(np.frombuffer(m, np.uint8, end - start, start))

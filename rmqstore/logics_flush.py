@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Callable
 
+from .errors import StoreIOError
+
 
 class LogicsFlushService:
     """One thread per open store; ``write_checkpoint(logics_ts or None)`` writes the file
@@ -50,7 +52,7 @@ class LogicsFlushService:
                 if self.every_second and t - last_checkpoint >= 1:
                     last_checkpoint = t
                     self.write_checkpoint(None)
-            except OSError:
+            except (OSError, StoreIOError):
                 # A disk error: the next round tries again; close reports what still fails.
                 pass
 

@@ -10,19 +10,63 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import signal
 from typing import Callable
 
 import numpy as np
 
+from .errors import WorkerDiedError
+from .notes import noted
+
+
+def died(how: str) -> WorkerDiedError:
+    """The typed error for a worker that died ``how`` ("killed by SIGBUS", ...), naming
+    the file a process last noted mapping (:func:`rmqstore.mapped.note`) for a bus error."""
+    op, path, _ = noted() if "SIGBUS" in how else ("", "", "")
+    why = ""
+    if "SIGBUS" in how:
+        what = f"the file changed or could not be {'written' if op == 'write' else 'read'}" \
+            if path else "a mapped file changed or could not be read"
+        why = f": {what} while mapped (it shrank, or the disk or a full tmpfs failed)"
+    elif "SIGKILL" in how:
+        why = " (out of memory?)"
+    return WorkerDiedError(f"a worker process died, {how}{why}", path or None)
+
+
+def _how(status_or_code: int, *, exitcode: bool = False) -> str:
+    """"killed by SIGBUS" / "exit status 3" from a wait status (or a Process.exitcode)."""
+    if exitcode:
+        sig = -status_or_code if status_or_code < 0 else 0
+        code = status_or_code if status_or_code >= 0 else None
+    else:
+        sig = os.WTERMSIG(status_or_code) if os.WIFSIGNALED(status_or_code) else 0
+        code = os.WEXITSTATUS(status_or_code) if os.WIFEXITED(status_or_code) else None
+    if sig:
+        try:
+            return f"killed by {signal.Signals(sig).name}"
+        except ValueError:
+            return f"killed by signal {sig}"
+    return f"exit status {code}"
+
 
 def pool_map(fn, items, workers: int):
-    """``map`` in a fork-based process pool, results in order as they complete."""
+    """``map`` in a fork-based process pool, results in order as they complete. A worker
+    that dies (a bus error, the OOM killer) is a :class:`WorkerDiedError`, not a hang."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                              initializer=keep_heap) as ex:
-        yield from ex.map(fn, items)
+        try:
+            yield from ex.map(fn, items)
+        except BrokenProcessPool:
+            procs = list((getattr(ex, "_processes", None) or {}).values())
+            ex.shutdown(wait=True)  # every worker reaped: their exit codes are known
+            # The pool terminates the others (SIGTERM) once one died: name the one that did.
+            codes = sorted((p.exitcode for p in procs if p.exitcode not in (None, 0)),
+                           key=lambda c: c == -signal.SIGTERM)
+            raise died(_how(codes[0], exitcode=True) if codes else "abruptly") from None
 
 
 def keep_heap() -> None:
@@ -75,7 +119,7 @@ class Child:
             data = f.read()
         _, status = os.waitpid(self._pid, 0)
         if not data:
-            raise RuntimeError(f"worker process ended without a result (wait status {status})")
+            raise died(_how(status))
         ok, value = pickle.loads(data)
         if not ok:
             raise value

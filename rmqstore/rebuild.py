@@ -40,7 +40,8 @@ from . import checkpoint as ckpt
 from . import layout as L
 from .config import StoreConfig, load_config
 from .consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, build_consume_queue, list_queues
-from .errors import NotAStoreError, RmqStoreError, UnsafePathError
+from .errors import NotAStoreError, RmqStoreError, StoreIOError, UnsafePathError
+from .mapped import io_error
 from .index import IndexFile, IndexGeometry, IndexService, _list_index_files
 from .listing import entries, offset_name
 from .live import Live, finish_index
@@ -417,6 +418,7 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
         units = entries = 0
         names: list[str] = []
         job = live = None
+        swapped: list[str] = []
         try:
             want_index = index and cfg.message_index_enable
             if not start:  # the files are built while the scan runs (rmqstore.live)
@@ -453,22 +455,46 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
                 units = built_cq if built_cq is not None else \
                     _build_cq(root, scratch, d, cfg, start, fsync)
                 _swap(scratch, root, "consumequeue")
+                swapped.append("ConsumeQueues")
             if job is not None:
                 entries, names = job.result()
                 job = None
                 _swap(scratch, root, "index")
+                swapped.append("IndexFiles")
             _update_checkpoint(root, cfg, d, consume_queue and not start)
-        finally:
-            if live is not None:
-                live.close()
-            if job is not None:
-                try:
-                    job.result()  # reap the child before its files go
-                except Exception:  # noqa: BLE001 - the first error is the one raised
-                    pass
-            shutil.rmtree(scratch, ignore_errors=True)
+        except BaseException as e:
+            _clean_up(live, job, scratch)
+            if isinstance(e, (StoreIOError, OSError)):
+                raise _stopped(e, scratch, swapped) from None
+            raise
+        _clean_up(live, job, scratch)
     return RebuildResult(d.messages, d.bytes, units, entries, scan.end, names,
                          time.perf_counter() - t0)
+
+
+def _clean_up(live, job, scratch: Path) -> None:
+    if live is not None:
+        live.close()
+    if job is not None:
+        try:
+            job.result()  # reap the child before its files go
+        except Exception:  # noqa: BLE001 - the first error is the one raised
+            pass
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _stopped(e: OSError | StoreIOError, scratch: Path, swapped: list[str]) -> StoreIOError:
+    """A full disk or an I/O error as one line saying what the store holds now: the old
+    files (a rebuild swaps new ones in only once they are complete), and whether the
+    scratch directory is gone."""
+    if not isinstance(e, StoreIOError):
+        e = io_error(e, None, "rebuild")
+    kept = "; the ConsumeQueues and IndexFiles are as they were" if not swapped else (
+        f"; the rebuilt {' and '.join(swapped)} were swapped in, the rest is as it was")
+    left = f"; remove the scratch directory {scratch} (repair does)" if scratch.exists() \
+        else ""
+    return StoreIOError(f"rebuild stopped: {e.message}{kept}{left}", e.path, e.offset,
+                        errno=e.errno)
 
 
 def _swap(scratch: Path, root: Path, name: str) -> None:

@@ -297,15 +297,16 @@ def merge_splits(parts: list[SegmentDispatch]) -> SegmentDispatch:
 def dispatch_file(path: str, start: int, limit: int, check_crc: bool = True,
                   delay_millis=None, keys: bool = True) -> SegmentDispatch:
     """:func:`segment_dispatch` of a segment file, opened read-only (a worker's task)."""
-    import mmap
     import os
+
+    from .mapped import map_read
 
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         limit = min(limit, size)
         if limit <= 0:
             return SegmentDispatch(start, 0, start, "zeros")
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        mm = map_read(f.fileno(), 0, path)  # holes read as zeros, never a bus error
         try:
             return segment_dispatch(mm, start, limit, check_crc=check_crc,
                                     delay_millis=delay_millis, keys=keys)

@@ -17,6 +17,7 @@ from typing import Iterable
 from .config import SEGMENT_NAME
 from .errors import OffsetError, SegmentError
 from .listing import LONG_MAX, entries, odd_entry, offset_name
+from .mapped import Ahead, io_error, map_read, note
 
 
 def segment_name(offset: int) -> str:
@@ -56,14 +57,20 @@ class Segment:
         return min(self.file_size, self.segment_size)
 
     def buffer(self):
-        """The file's bytes as a memory map (``b""`` for an empty file)."""
+        """The file's bytes as a memory map (``b""`` for an empty file); read-only maps
+        read holes as zeros without a bus error (:func:`~rmqstore.mapped.map_read`)."""
         if self._map is None:
             if self.file_size == 0:
                 return b""
             try:
                 self._file = open(self.path, "r+b" if self.writable else "rb")
-                self._map = mmap.mmap(self._file.fileno(), 0,
-                                      access=mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ)
+                if self.writable:
+                    # Writers allocate ahead of what they store through this map
+                    # (CommitLogAppender), so no store lands on an unallocated page.
+                    note(self.path, "write")
+                    self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_WRITE)
+                else:
+                    self._map = map_read(self._file.fileno(), 0, self.path)
             except OSError as e:
                 self.close()
                 raise SegmentError(f"cannot map segment: {e.strerror}", self.path) from None
@@ -188,7 +195,7 @@ class SegmentQueue:
         try:
             create_segment_file(path, self.segment_size)
         except OSError as e:
-            raise SegmentError(f"cannot create segment: {e.strerror}", path, start) from None
+            raise io_error(e, path, "create segment", start) from None
         seg = Segment(path, start, self.segment_size, self.segment_size, True)
         self.segments.append(seg)
         self.segments.sort(key=lambda s: s.start)
@@ -261,7 +268,10 @@ def segment_sync(seg: Segment) -> None:
     back pages dirtied through a shared mapping (Linux), and unlike ``mmap.flush`` it
     releases the GIL while it waits on the disk."""
     if seg.file_size:
-        os.fdatasync(_segment_fileno(seg))
+        try:
+            os.fdatasync(_segment_fileno(seg))
+        except OSError as e:
+            raise io_error(e, seg.path, "sync segment") from None
 
 
 def segment_pwrite(seg: Segment, data, position: int) -> None:
@@ -269,6 +279,17 @@ def segment_pwrite(seg: Segment, data, position: int) -> None:
     fd = _segment_fileno(seg)
     view = memoryview(data)
     while view:
-        n = os.pwrite(fd, view, position)
+        try:
+            n = os.pwrite(fd, view, position)
+        except OSError as e:
+            raise io_error(e, seg.path, "write segment", position) from None
         view = view[n:]
         position += n
+
+
+def segment_ahead(seg: Segment, start: int, step: int) -> Ahead:
+    """Allocation of the segment file ahead of position ``start``, where writing starts
+    (:class:`~rmqstore.mapped.Ahead`): bytes are stored through its map only where
+    allocated, so a full disk is a StoreIOError, never a bus error."""
+    return Ahead(_segment_fileno(seg), start, seg.file_size, step, seg.path,
+                 "the commitlog segment")

@@ -39,6 +39,7 @@ from . import layout as L
 from . import scan
 from .codec import parse_delay_levels
 from .errors import NotAStoreError, RecordError, SegmentError
+from .mapped import map_read
 
 DEFAULT_SPLIT_SIZE = 64 * 1024 * 1024
 #: Resync hops (rule 5) and how far a remote window reaches past a range at first.
@@ -213,7 +214,8 @@ class Window:
                 return
             try:
                 self._file = open(_local(split.path), "rb")
-                self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+                # Holes read as zeros without a bus error, even on a full tmpfs.
+                self._map = map_read(self._file.fileno(), 0, split.path)
             except OSError as e:
                 self.close()
                 raise SegmentError(f"cannot map segment: {e.strerror}", split.path) from None

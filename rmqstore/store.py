@@ -32,7 +32,7 @@ from .codec import Message, parse_properties
 from .commitlog import Check, CommitLog, ScanEnd
 from .config import StoreConfig, load_config
 from .dispatch import DEFER_BYTES, BackgroundDispatcher, Dispatcher
-from .errors import NotAStoreError, RecordError
+from .errors import NotAStoreError, RecordError, StoreIOError
 from .flush import FlushService, TransientPool
 from .index import IndexGeometry, IndexService, recover_unfinished
 from .logics_flush import LogicsFlushService
@@ -52,6 +52,8 @@ class MessageStore:
         self.root = Path(config.store_path_root_dir)
         self._lock = ckpt.StoreLock(self.root).acquire()
         self._closed = False
+        self._halt = False  # closed, or broken: put checks this one flag
+        self._broken: BaseException | None = None  # see _failed
         try:
             self._open(dispatch, clock)
         except BaseException:
@@ -132,7 +134,7 @@ class MessageStore:
             clear_unfinished_append(queue, end)
         reput_from = max(queue.min_offset, max_phy)
         if queue.segments and (reput_from < end or not self.was_clean):
-            with CommitLog(cfg, queue=queue) as log_view:
+            with CommitLog(cfg) as log_view:  # read-only maps: see _find_end
                 if index is not None and not self.was_clean and max_phy > 0:
                     # Index keys that were waiting when the writer died (dispatch.DEFER_BYTES).
                     def size_at(offset: int) -> int | None:
@@ -159,7 +161,8 @@ class MessageStore:
             if cfg.transient_store_pool_enable else None
         self.appender = CommitLogAppender(
             cfg, queue, end, offsets,
-            buffer_for=self.pool.buffer_for if self.pool else None)
+            buffer_for=self.pool.buffer_for if self.pool else None,
+            on_dispatch_error=self._failed)
         if found is not None and found.last_record >= 0:
             # Recovery sets the confirm offset to the start of the last valid record (spec
             # §10.2, §10.3); a 5.x close persists it as confirmPhyOffset (§8.1).
@@ -169,7 +172,7 @@ class MessageStore:
             self.physic_timestamp = ts
 
         self.flusher = FlushService(self.appender, cfg, pool=self.pool, on_flushed=flushed,
-                                    on_tick=self._settle_index if dispatch == "sync" else None)
+                                    on_tick=self._tick if dispatch == "sync" else None)
         self.flusher.start()
         self.logics_flusher = LogicsFlushService(self.dispatcher, cfg, self._write_checkpoint)
         self.logics_flusher.start()
@@ -220,8 +223,11 @@ class MessageStore:
             return None
         start = queue.segments[max(0, len(queue.segments) - 3)].start if self.was_clean \
             else queue.segments[0].start
-        view = CommitLog(self.config, queue=queue)
-        return view.find_end(start)
+        # Recovery reads through read-only maps, which read a preallocated segment's
+        # holes safely; on tmpfs a read through the writable map would allocate the
+        # pages (and die of SIGBUS on a full one).
+        with CommitLog(self.config) as view:
+            return view.find_end(start)
 
     # --- writing -------------------------------------------------------------------------
 
@@ -242,14 +248,19 @@ class MessageStore:
     def put(self, msg: Message, *, stamp: bool = False) -> PutResult:
         """Append one message as given (its stored form). ``stamp`` sets STORETIMESTAMP to
         the clock under the append lock, as the broker does. Never raises for a bad
-        message: the status says why (spec §3.6)."""
-        if self._closed:
+        message: the status says why (spec §3.6); a full disk or an I/O error raises
+        :class:`~rmqstore.errors.StoreIOError`."""
+        if self._halt:
             self._check_open()
-        result = self._put_message(msg, stamp, self._record)
-        if result is None:
-            result = self._put_general(msg, stamp)
-            if not isinstance(result, PutResult) or result.status is not PutStatus.PUT_OK:
-                return result
+        try:
+            result = self._put_message(msg, stamp, self._record)
+            if result is None:
+                result = self._put_general(msg, stamp)
+        except StoreIOError as e:
+            self._failed(e)
+            raise
+        if not isinstance(result, PutResult) or result.status is not PutStatus.PUT_OK:
+            return result
         if self._sync_flush:
             self._wait_flush([result], msg.properties.get("WAIT") != "false")
         return result
@@ -263,7 +274,10 @@ class MessageStore:
         a = self.appender
         with a.lock:
             result, record = a.append(p, stamp=stamp)
-            self._after([record])
+            try:
+                self._after([record])
+            except StoreIOError as e:
+                self._failed(e)  # the record is written: it is put, the store stops
         return result
 
     def _quick_put(self):
@@ -274,10 +288,14 @@ class MessageStore:
         state = self  # ``_closed`` is read each time: a put after close must raise
 
         def put(msg: Message, *, stamp: bool = False) -> PutResult:
-            if state._closed:
+            if state._halt:
                 state._check_open()
-            result = put_message(msg, stamp, record)
-            return general(msg, stamp) if result is None else result
+            try:  # (free in CPython 3.11 unless it raises)
+                result = put_message(msg, stamp, record)
+                return general(msg, stamp) if result is None else result
+            except StoreIOError as e:
+                state._failed(e)
+                raise
         put.__doc__ = MessageStore.put.__doc__
         return put
 
@@ -288,6 +306,13 @@ class MessageStore:
         self._check_open()
         if not msgs:
             return []
+        try:
+            return self._put_batch(msgs, stamp)
+        except StoreIOError as e:
+            self._failed(e)
+            raise
+
+    def _put_batch(self, msgs: Sequence[Message], stamp: bool) -> list[PutResult]:
         if len(msgs) > 1:
             results = self.appender.put_batch_message(msgs, stamp, self._record_many)
             if results is not None:
@@ -308,7 +333,10 @@ class MessageStore:
         a = self.appender
         with a.lock:
             results, records = a.append_batch(preps, stamp=stamp)
-            self._after(records)
+            try:
+                self._after(records)
+            except StoreIOError as e:
+                self._failed(e)  # the batch is written: it is put, the store stops
         self._wait_flush(results, True)
         return results
 
@@ -322,7 +350,22 @@ class MessageStore:
             batch = MessageBatch(**columns)
         elif columns:
             raise TypeError("give a MessageBatch or keyword columns, not both")
-        return put_columns(self, batch, stamp=stamp)
+        try:
+            return put_columns(self, batch, stamp=stamp)
+        except StoreIOError as e:
+            self._failed(e)
+            raise
+
+    def _failed(self, e: StoreIOError) -> None:
+        """A put hit a full disk or an I/O error. When the appender refused before writing
+        (``store_unchanged``) the store is as it was and takes more puts. Otherwise the
+        record is in the CommitLog (and reported put, as a broker whose dispatch runs
+        after the append would) but its dispatch stopped half-way: the store takes no
+        more puts (units would land out of place) and :meth:`close` keeps ``abort``, so
+        the next open re-dispatches as after a crash (spec §8.2, §10)."""
+        if not getattr(e, "store_unchanged", False) and self._broken is None:
+            self._broken = e
+            self._halt = True
 
     # --- state ---------------------------------------------------------------------------
 
@@ -361,6 +404,14 @@ class MessageStore:
             with self.appender.lock:
                 self.dispatcher.settle_index()
 
+    def _tick(self) -> None:
+        """The flush thread's tick (:meth:`_settle_index`); keys that cannot be written
+        (a full disk) stop the store, as a failed dispatch in a put does."""
+        try:
+            self._settle_index()
+        except StoreIOError as e:
+            self._failed(e)
+
     def wait_dispatched(self) -> None:
         """Return once every record appended so far is in its ConsumeQueue and the index
         files (sync dispatch lets the index keys of the last few records wait to be put
@@ -373,6 +424,12 @@ class MessageStore:
     def _check_open(self) -> None:
         if self._closed:
             raise RecordError("the store is closed", self.root)
+        b = self._broken
+        if b is not None:
+            raise StoreIOError(
+                f"{getattr(b, 'message', b)}; the store took no more messages after that "
+                "(open it again to recover)", getattr(b, "path", None) or self.root,
+                getattr(b, "offset", None), errno=getattr(b, "errno", None))
 
     # --- closing -------------------------------------------------------------------------
 
@@ -381,8 +438,9 @@ class MessageStore:
         preallocated empty segment deleted, ``abort`` removed, lock released."""
         if self._closed:
             return
-        self._closed = True
+        self._closed = self._halt = True
         self.__dict__.pop("put", None)
+        error = None
         try:
             self.logics_flusher.stop()
             if self.background is not None:
@@ -390,6 +448,7 @@ class MessageStore:
             self.flusher.stop()
             self.dispatcher.flush()
             end = self.appender.end
+            self.appender.release_ahead()
             # The preallocated next segment was never written: a clean shutdown drops it.
             self._log_queue.delete_from(end if end else 0)
             if self.v5 and self.last_record_offset >= 0:
@@ -398,15 +457,34 @@ class MessageStore:
             self._log_queue.close()
             self._write_checkpoint()
             error = self.background.error if self.background is not None else None
-            if error is None:
+            if error is None and self._broken is None:
                 ckpt.remove_abort(self.root)  # only once everything is consistent (§8.2)
+        except BaseException:
+            # A full disk or an I/O error on the way out: ``abort`` stays, so the next
+            # open recovers as after a crash; the files are still let go.
+            self._release_files()
+            raise
         finally:
             self._lock.release()
         if error is not None:
             raise error
 
+    def _release_files(self) -> None:
+        for step in (self.logics_flusher.stop, self.flusher.stop, self.dispatcher.release,
+                     self._log_queue.close):
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - the first error is the one reported
+                pass
+
     def __enter__(self) -> "MessageStore":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.close()
+        except Exception:
+            if exc is None:
+                raise
+            # The body's error is the cause; a failing close after it (the same full
+            # disk) would only hide it.

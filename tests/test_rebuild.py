@@ -111,7 +111,9 @@ def test_child_failure_leaves_the_store_as_it_was(scenario, tmp_path, monkeypatc
     monkeypatch.setattr(rb, "_build_index", broken)
     store = copy_store(ROCKETMQ_498 / scenario, tmp_path / scenario)
     before = tree_hashes(store / "index")
-    with pytest.raises(OSError, match="injected"):
+    from rmqstore.errors import StoreIOError
+
+    with pytest.raises(StoreIOError, match="injected"):  # one typed line, exit 2 in the CLI
         rebuild(store)
     assert tree_hashes(store / "index") == before  # the old index files stay in place
     assert not [p for p in store.iterdir() if p.name.startswith(SCRATCH_PREFIX)]
