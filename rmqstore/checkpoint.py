@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import layout as L
-from .errors import RecordError, StoreLockedError, UnsafePathError
+from .errors import RecordError, StoreIOError, StoreLockedError, UnsafePathError
 
 CHECKPOINT = "checkpoint"
 ABORT = "abort"
@@ -174,8 +174,13 @@ class StoreLock:
                     "the store is locked by another process (a running broker?); "
                     "stop it before writing", self.path) from None
             raise StoreLockedError(f"cannot lock: {e.strerror}", self.path) from None
-        os.pwrite(fd, LOCK_CONTENT, 0)
-        os.fsync(fd)
+        try:
+            os.pwrite(fd, LOCK_CONTENT, 0)
+            os.fsync(fd)
+        except OSError as e:  # a full disk: say so, holding nothing
+            os.close(fd)
+            raise StoreIOError(f"cannot write the lock file: {e.strerror}", self.path,
+                               errno=e.errno) from None
         self._fd = fd
         _HELD[key] = self
         return self

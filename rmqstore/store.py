@@ -49,6 +49,9 @@ class MessageStore:
         self._lock = ckpt.StoreLock(self.root).acquire()
         self._closed = False
         try:
+            from .journal import refuse_if_unfinished
+
+            refuse_if_unfinished(self.root, "writing")
             self._open(dispatch, clock)
         except BaseException:
             self._lock.release()
