@@ -74,24 +74,38 @@ CHUNK = 1 << 20
 # --- paths -------------------------------------------------------------------------------
 
 
+#: Top-level directories that may be symbolic links to other disks (the rule of
+#: :mod:`rmqstore.listing`): read through, and written inside where they lead.
+LINKABLE = ("commitlog", "consumequeue", "index")
+
+
+def is_dir(root: Path, rel: str) -> bool:
+    """A directory of the store: a real one, or a top-level link to one."""
+    p = root / rel
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        return True
+    return stat.S_ISLNK(st.st_mode) and rel in LINKABLE and os.path.isdir(p)
+
+
 def confine(root: Path, rel: str) -> Path:
     """``root / rel`` when ``rel`` is a plain relative path whose directories inside the
-    store are real directories (no symlink, no ``..``): writes never leave the store."""
+    store are real directories (no ``..``, no symbolic link but a top-level one of
+    :data:`LINKABLE`): writes never leave the store."""
     if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel:
         raise UnsafePathError(f"not a path inside the store: {rel!r}", root)
     parts = rel.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise UnsafePathError(f"not a plain path inside the store: {rel!r}", root)
-    p = root
-    for part in parts[:-1]:
-        p = p / part
-        try:
-            st = os.lstat(p)
-        except FileNotFoundError:
-            break
-        if not stat.S_ISDIR(st.st_mode):
-            raise UnsafePathError("is a symlink or a file where a directory is expected; "
-                                  "repair does not follow it", p)
+    for i in range(1, len(parts)):
+        if not is_dir(root, "/".join(parts[:i])):
+            if not os.path.lexists(root.joinpath(*parts[:i])):
+                break
+            raise UnsafePathError("a symbolic link or a file where a directory is expected: "
+                                  "repair does not write through it", root.joinpath(*parts[:i]))
     return root / rel
 
 
@@ -341,7 +355,7 @@ class Journal:
                 item["saved"] = self._name(rel, k)
             return item
         if kind == "entries":
-            exists = os.path.isdir(p) and not os.path.islink(p)
+            exists = is_dir(self.root, rel)
             return {"kind": kind, "path": rel, "exists": exists,
                     "names": sorted(os.listdir(p)) if exists else []}
         raise ValueError(f"unknown scope kind {kind!r}")

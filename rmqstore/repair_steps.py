@@ -11,7 +11,6 @@ library's ConsumeQueue and IndexFile writers, with the broker's write rules.
 from __future__ import annotations
 
 import os
-import stat
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from .config import StoreConfig
 from .consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, effective_file_size
 from .errors import RefusedError, UnsafePathError
 from .index import IndexGeometry, IndexService, _list_index_files
-from .journal import Journal, confine
+from .journal import Journal, confine, is_dir
 from .sparse import BLOCK, CHUNK, allocated, allocated_in, is_zero
 
 #: Steps that take a path out of the store (into the backup).
@@ -90,7 +89,7 @@ def check_step(step, ctx: StepContext) -> None:
         p = confine(ctx.root, step.path)
         if step.action in ("fix-body-crc", "zero-tail", "extend-segment", "write-checkpoint",
                            "create-abort", "remove-abort") and os.path.islink(p):
-            raise UnsafePathError("is a symlink; repair does not write through it", p)
+            raise UnsafePathError("a symbolic link: rmqstore does not write through it", p)
     if step.action in QUEUE_STEPS:
         _queue(step)
 
@@ -110,13 +109,6 @@ def _cut_point(qdir: Path, file_size: int, phy: int) -> int | None:
         return (cq.base_offset + int(cut[0])) * UNIT if len(cut) else None
 
 
-def _is_dir(p: Path) -> bool:
-    try:
-        return stat.S_ISDIR(os.lstat(p).st_mode)
-    except FileNotFoundError:
-        return False
-
-
 def scope(step, ctx: StepContext) -> list[tuple]:
     """What ``step`` may change, as requests for :meth:`Journal.start`, from the store
     as it is now (just before the step runs)."""
@@ -134,7 +126,7 @@ def scope(step, ctx: StepContext) -> list[tuple]:
         return [("file", rel)]
     if a == "cut-queue":
         q = confine(root, rel)
-        byte = _cut_point(q, ctx.cfg.cq_file_size, ctx.report.end) if _is_dir(q) else None
+        byte = _cut_point(q, ctx.cfg.cq_file_size, ctx.report.end) if is_dir(root, rel) else None
         if byte is None:
             return []
         out = []
@@ -147,7 +139,7 @@ def scope(step, ctx: StepContext) -> list[tuple]:
         return out
     if a == "dispatch-queue":
         q = confine(root, rel)
-        if not _is_dir(q):
+        if not is_dir(root, rel):
             return [("entries", rel)]
         with ConsumeQueue(q, ctx.cfg.cq_file_size) as cq:
             wp = cq.max_offset * UNIT if cq.segments else 0
@@ -155,7 +147,7 @@ def scope(step, ctx: StepContext) -> list[tuple]:
         return [("file", f"{rel}/{n}") for n in _digits(q) if int(n) >= first] + [("entries", rel)]
     if a == "reindex":
         idx = confine(root, rel)
-        if not _is_dir(idx):
+        if not is_dir(root, rel):
             return [("entries", rel)]
         kept = [p for p in _list_index_files(idx) if f"{rel}/{p.name}" not in ctx.gone]
         return ([("file", f"{rel}/{kept[-1].name}")] if kept else []) + [("entries", rel)]
@@ -187,7 +179,7 @@ def backup_bytes(req: tuple, ctx: StepContext, same_fs: bool) -> int:
 def _last_index_file(ctx: StepContext) -> Path | None:
     idx = ctx.root / "index"
     kept = [p for p in _list_index_files(idx) if f"index/{p.name}" not in ctx.gone] \
-        if _is_dir(idx) else []
+        if is_dir(ctx.root, "index") else []
     return kept[-1] if kept else None
 
 
@@ -376,7 +368,7 @@ def run(step, ctx: StepContext, items: list[dict], j: Journal) -> None:
         units = ctx.d.units.get(_queue(step))
         if units is not None:
             have = 0
-            if _is_dir(p):
+            if is_dir(root, step.path):
                 with ConsumeQueue(p, ctx.cfg.cq_file_size) as cq:
                     have = cq.max_offset
             sel = units[0] >= have

@@ -31,7 +31,7 @@ from pathlib import Path
 from .errors import RefusedError
 from .journal import (CHUNK, INTERNAL, JOURNAL, MARKER, Interrupted, Journal, JournalState,
                       _describe_fp, _interrupted, _io, _overlap, _pwrite_all, _state_for,
-                      confine, fingerprint, read_backup, read_marker, remove_marker,
+                      confine, fingerprint, is_dir, read_backup, read_marker, remove_marker,
                       write_marker)
 from .sparse import copy_tree, fsync_dir, remove_tree
 
@@ -75,7 +75,7 @@ def _restore_item(root: Path, jdir: Path, it: dict) -> None:
     if kind == "entries":
         if not it["exists"]:
             remove_tree(p)
-        elif os.path.isdir(p) and not os.path.islink(p):
+        elif is_dir(root, it["path"]):
             keep = set(it["names"])
             for n in os.listdir(p):
                 if n not in keep:
@@ -109,7 +109,7 @@ def _restore_item(root: Path, jdir: Path, it: dict) -> None:
             p.parent.mkdir(parents=True, exist_ok=True)
             remove_tree(tmp)
             copy_tree(jdir / it["saved"], tmp)
-            if os.path.isdir(p) and not os.path.islink(p):
+            if is_dir(root, it["path"]):
                 remove_tree(p)
             os.rename(tmp, p)
         fsync_dir(p.parent)

@@ -89,8 +89,9 @@ def generated_store(base: Path, fault):
 
 
 def _repair(make, store: Path, backup: Path | None, **kw):
+    # The plan guard (missing_middle_segment drops valid records) is not what is tested.
     return repair(store, backup_dir=backup, backup=backup is not None, clock=CLOCK,
-                  config=make.config(store), **kw)
+                  config=make.config(store), allow_data_loss=True, **kw)
 
 
 # --- the interrupt sweep ---------------------------------------------------------------
@@ -612,3 +613,30 @@ def test_next_repair_refuses_to_undo_over_other_writes(fixtures_root, tmp_path):
     with pytest.raises(RefusedError, match=r"00458752: changed since the repair.*remove .*\.rmqstore-repair"):
         repair(store, backup_dir=tmp_path / "b2")
     assert snapshot(store) == before
+
+
+def test_a_linked_top_level_directory_is_restored_where_it_leads(fixtures_root, tmp_path):
+    """consumequeue/ on another disk (a top-level link, docs/playbook.md): the queue cut
+    inside it is saved, undone there, and the link stays a link."""
+    def make(dst: Path) -> Path:
+        store = copy_store(fixtures_root / "crash-torn", dst)
+        shutil.move(str(store / "consumequeue"), f"{dst}-cq")
+        os.symlink(f"{dst}-cq", store / "consumequeue")
+        return store
+
+    def both(store):
+        return snapshot(store), snapshot(Path(f"{store}-cq"))
+
+    store = make(tmp_path / "s")
+    original = both(store)
+    r = repair(store, backup_dir=tmp_path / "b", clock=CLOCK)
+    assert "cut-queue" in [s.action for s in r.steps] and both(store) != original
+    U.restore(tmp_path / "b")
+    assert both(store) == original and (store / "consumequeue").is_symlink()
+    ref = make(tmp_path / "ref")
+    repair(ref, backup_dir=tmp_path / "ref.b", clock=CLOCK)
+    killed = make(tmp_path / "k")
+    with Dies(after_record=6), pytest.raises(Crash):  # in the cut
+        repair(killed, backup_dir=tmp_path / "k.b", clock=CLOCK)
+    repair(killed, backup_dir=tmp_path / "k.b2", clock=CLOCK)
+    assert both(killed)[1] == both(ref)[1] and (killed / "consumequeue").is_symlink()
