@@ -1,7 +1,8 @@
-"""verify, repair and rebuild. verify only reads; repair and rebuild take the store lock.
+"""verify, repair, restore and rebuild. verify only reads; the others take the store lock.
 
 Exit codes: 0 clean (or done), 1 problems found (verify; repair --dry-run with steps to
-take), 2 unusable input, a locked store, or a repair refused without confirmation.
+take), 2 unusable input, a locked store, a refused plan or restore, a full disk or an
+I/O error (one line naming the file), or a repair refused without confirmation.
 """
 
 from __future__ import annotations
@@ -14,10 +15,19 @@ import typer
 
 from cli.common import ConfigOption, app, fail, handles_errors, report_config
 from cli.output import Output, output_options
-from rmqstore.errors import EXIT_OK, EXIT_PROBLEMS, EXIT_UNUSABLE
+from rmqstore.errors import EXIT_OK, EXIT_PROBLEMS, EXIT_UNUSABLE, RmqStoreError
 
 FINDING_COLUMNS = ("severity", "code", "file", "offset", "explanation")
 STEP_COLUMNS = ("action", "path", "offset", "length", "explanation")
+
+
+def _root(store: Path) -> Path:
+    from rmqstore.reader import classify
+
+    kind = classify(store)
+    if kind.kind != "store":
+        raise fail(f"{store}: is a {kind.kind}, not a store root")
+    return kind.root
 
 
 def _config(store: Path, config: Optional[Path], *writes: str):
@@ -25,13 +35,9 @@ def _config(store: Path, config: Optional[Path], *writes: str):
     refused first when it cannot run safely (:func:`rmqstore.storekind.require_writable`),
     then the notes and warnings printed."""
     from rmqstore.config import load_config
-    from rmqstore.reader import classify
     from rmqstore.storekind import require_writable
 
-    kind = classify(store)
-    if kind.kind != "store":
-        raise fail(f"{store}: is a {kind.kind}, not a store root")
-    cfg = load_config(kind.root, config)
+    cfg = load_config(_root(store), config)
     for op in writes:
         require_writable(cfg, op)
     report_config(cfg)
@@ -96,8 +102,8 @@ def verify(
 def repair(
     store: Path = typer.Argument(..., help="The store root."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the steps; change nothing."),
-    backup: Optional[Path] = typer.Option(None, "--backup", help="Where to save every byte changed (default: STORE.rmqstore-backup-<time>, beside the store)."),
-    no_backup: bool = typer.Option(False, "--no-backup", help="Do not save what is changed."),
+    backup: Optional[Path] = typer.Option(None, "--backup", help="A new directory, outside the store, for every byte changed and the journal (default: STORE.rmqstore-backup-<time>, beside the store)."),
+    no_backup: bool = typer.Option(False, "--no-backup", help="Do not save what is changed (no undo; the journal still says what ran)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     allow_data_loss: bool = typer.Option(False, "--allow-data-loss", help="Run the plan even where a step would remove CRC-valid records (or the units pointing at them) that lie after a break in the record chain, or cut queues while the CommitLog is missing; refused (exit 2) otherwise."),
     config: Optional[Path] = ConfigOption,
@@ -107,48 +113,87 @@ def repair(
     record, fix ConsumeQueues and IndexFiles to match, rewrite the checkpoint, remove abort.
 
     The steps are printed first. Without --yes it asks on a terminal and refuses (exit 2)
-    otherwise. Refuses while a broker holds the store lock, and (exit 2, nothing changed)
-    when a step would remove valid data, unless --allow-data-loss. jsonl, csv and tsv: one
+    otherwise. Refuses while a broker holds the store lock, (exit 2, nothing changed) when
+    a step would remove valid data, unless --allow-data-loss, and when the disks lack the
+    space the plan needs. Each step is journaled in the backup before it runs: a repair
+    cut short (Ctrl-C, kill, full disk) is undone from its backup by the next repair, which
+    then plans afresh; `rmqstore restore BACKUP` undoes a repair. jsonl, csv and tsv: one
     row per step; json: one document with the plan and, after a repair, its result."""
     from rmqstore.checkpoint import is_locked
+    from rmqstore.journal import find_interrupted
     from rmqstore.recovery import default_backup_dir, plan_repair, repair as run
 
     if backup is not None and no_backup:
         raise fail("--backup and --no-backup exclude each other")
-    cfg = _config(store, config, "repair")
-    if not dry_run and is_locked(cfg.root):
-        raise fail(f"{cfg.root / 'lock'}: the store is locked by another process (a running "
+    root = _root(store)
+    if not dry_run and is_locked(root):
+        raise fail(f"{root / 'lock'}: the store is locked by another process (a running "
                    "broker?); stop it first", EXIT_UNUSABLE)
-    plan = plan_repair(cfg.root, config=cfg)
-    _show_steps(plan, out)
-    if not plan.steps:
-        out.line(f"nothing to repair: {plan.store} is consistent")
-        raise typer.Exit(EXIT_OK)
-    if plan.refused and not allow_data_loss:
-        raise plan.refusal()
-    if dry_run:
-        raise typer.Exit(EXIT_PROBLEMS)
+    found = find_interrupted(root)
+    undo_first = found is not None and found.backup is not None and not found.finished
+    plan = None
+    if found is not None:
+        then = ("repair undoes it from its backup first, then plans again" if undo_first
+                else "repair plans from the store as it is")
+        if dry_run and is_locked(root):
+            then = "the store is locked: it may still be running"
+        out.warn(f"found {found.describe()}; {then}")
+        out.record({"interrupted": found.as_dict()}, items=False, table=False)
+    if undo_first:
+        # The plan is made after the undo: the files of a half-done repair may mislead,
+        # so what they say is only checked here (the library reads them again after).
+        try:
+            _config(store, config, "repair")
+        except RmqStoreError:
+            pass
+        out.record({"store": str(root)}, items=False, table=False)
+    else:
+        plan = plan_repair(root, config=_config(store, config, "repair"))
+        _show_steps(plan, out)
+        if plan.steps and plan.refused and not allow_data_loss:
+            raise plan.refusal()
+    if dry_run or (found is None and not plan.steps):
+        if found is None and not plan.steps:
+            out.line(f"nothing to repair: {plan.store} is consistent")
+        raise typer.Exit(EXIT_PROBLEMS if dry_run and (found or plan.steps) else EXIT_OK)
+    where = None if no_backup else (backup or default_backup_dir(root))
     if not yes:
         if not sys.stdin.isatty():
             raise fail("repair changes the store: pass --yes to confirm (stdin is not a "
                        "terminal, so there is no one to ask)", EXIT_UNUSABLE)
-        where = "no backup" if no_backup else f"backup in {backup or default_backup_dir(cfg.root)}"
+        what = (f"Undo the unfinished repair from {found.backup}, then repair {root} afresh"
+                if undo_first else f"Apply {len(plan.steps)} step(s) to {root}")
         out.pause()
-        if not typer.confirm(f"Apply {len(plan.steps)} step(s) to {cfg.root} ({where})?",
+        if not typer.confirm(f"{what} ({'no backup' if where is None else f'backup in {where}'})?",
                              err=True):
             raise fail("not confirmed; nothing changed", EXIT_UNUSABLE)
-    result = run(cfg.root, backup_dir=backup, backup=not no_backup, config=cfg,
-                 allow_data_loss=allow_data_loss)
-    summary = {"store": str(cfg.root), "steps": len(result.plan.steps),
+    cb, ctx = _progress("repair")
+    try:
+        with ctx:
+            result = run(root, backup_dir=where, backup=not no_backup, conf=config, progress=cb,
+                         config=None if undo_first else _config(store, config),
+                         allow_data_loss=allow_data_loss)
+    except KeyboardInterrupt:
+        raise fail("interrupted: the repair is unfinished; run `rmqstore repair` again to "
+                   "finish it" + (f", or `rmqstore restore {where}` to undo it" if where else ""),
+                   130) from None
+    if undo_first:
+        _show_steps(result.plan, out, store=False)  # the plan that ran, made after the undo
+    summary = {"store": str(root), "steps": len(result.steps or result.plan.steps),
                "executed": result.executed, "backup": result.backup_dir,
-               "seconds": round(result.seconds, 3)}
+               "seconds": round(result.seconds, 3),
+               "resumed": result.resumed.as_dict() if result.resumed is not None else None}
     out.record(summary, key="result", items=False, table=False)
-    out.warn(f"repaired {cfg.root}: {summary['steps']} step(s)"
-             + (f", backup in {result.backup_dir}" if result.backup_dir else ""))
+    if result.executed:
+        out.warn(f"repaired {root}: {summary['steps']} step(s)"
+                 + (f", backup in {result.backup_dir}" if result.backup_dir else ""))
+    else:
+        out.line(f"nothing to repair: {result.plan.store} is consistent")
 
 
-def _show_steps(plan, out: Output) -> None:
-    out.record({"store": plan.store}, items=False, table=False)
+def _show_steps(plan, out: Output, store: bool = True) -> None:
+    if store:
+        out.record({"store": plan.store}, items=False, table=False)
     out.rows([s.as_dict() for s in plan.steps], STEP_COLUMNS, key="steps", table=bool(plan.steps),
              title=f"repair plan for {plan.store}", prose=("explanation",))
     unfixed = [{"code": f.code, "file": f.file, "why": why} for f, why in plan.unfixed]
@@ -159,6 +204,45 @@ def _show_steps(plan, out: Output) -> None:
     out.rows(refused, ("action", "path", "why"), key="refused", items=False, table=False)
     for r in refused:
         out.warn(f"note: needs --allow-data-loss: {r['action']} {r['path']}: {r['why']}")
+
+
+@app.command()
+@handles_errors
+@output_options
+def restore(
+    backup: Path = typer.Argument(..., help="The backup directory a repair made (repair prints it)."),
+    store: Optional[Path] = typer.Option(None, "--store", help="The store, if it moved since the repair (default: the one the backup names)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    *, out: Output,
+) -> None:
+    """Undo a repair: put the store back as it was before it, byte for byte (files the
+    repair created removed, moved files back), from the backup it made.
+
+    Takes the store lock. Refuses (exit 2) when the store changed since the repair in a
+    way the backup cannot explain (a broker ran, a newer repair), when another repair is
+    unfinished, or when the backup was already undone. Run it again if it is cut short."""
+    from rmqstore.journal import read_backup
+    from rmqstore.undo import restore as run
+
+    state = read_backup(backup)
+    target = store or state.store
+    if not yes:
+        if not sys.stdin.isatty():
+            raise fail("restore changes the store: pass --yes to confirm (stdin is not a "
+                       "terminal, so there is no one to ask)", EXIT_UNUSABLE)
+        out.pause()
+        if not typer.confirm(f"Put {target} back as it was before the repair of "
+                             f"{state.manifest.get('created')} (from {backup})?", err=True):
+            raise fail("not confirmed; nothing changed", EXIT_UNUSABLE)
+    cb, ctx = _progress("restore")
+    try:
+        with ctx:
+            r = run(backup, store=store, progress=cb)
+    except KeyboardInterrupt:
+        raise fail(f"interrupted: the restore is unfinished; run `rmqstore restore {backup}` "
+                   "again to finish it", 130) from None
+    out.record({"store": r.store, "backup": r.backup, "stepsUndone": r.steps,
+                "seconds": round(r.seconds, 3)}, title="restore")
 
 
 @app.command()

@@ -410,6 +410,9 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
                 "place, or mount the disk at this path", root / name)
     t0 = time.perf_counter()
     with ckpt.hold_lock(root):
+        from .journal import refuse_if_unfinished
+
+        refuse_if_unfinished(root, "rebuild")
         start = from_offset or 0
         scratch = root / f"{SCRATCH_PREFIX}{os.getpid()}"
         if scratch.exists():

@@ -1,5 +1,8 @@
 """Repair: what a broker's recovery would do (spec §10), as an explicit plan, then done
-offline with a backup of every byte changed.
+offline with a backup of every byte changed. Each step is saved and journaled before it
+runs (:mod:`rmqstore.journal`, :mod:`rmqstore.repair_steps`), so a repair cut short is
+undone by the next one, which plans afresh, and a finished one can be undone
+(:mod:`rmqstore.undo`).
 
 ``plan_repair(root)`` runs :func:`rmqstore.verify.verify` and turns its problems into
 :class:`Step` objects (data; ``rmqstore repair --dry-run`` prints them). ``repair(root)``
@@ -32,23 +35,18 @@ and raises :class:`~rmqstore.errors.RefusedError` unless ``allow_data_loss``
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import time
-import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
 from . import checkpoint as ckpt
-from . import layout as L
 from .config import StoreConfig, load_config
-from .consumequeue import ConsumeQueue, ConsumeQueueWriter
-from .errors import RefusedError, RmqStoreError
+from .errors import RefusedError, RmqStoreError, StoreIOError
 from .guard import find_survivors, refused_error, unit_loss, units_from
-from .index import IndexGeometry, IndexService, _list_index_files
+from .index import _list_index_files
 from .listing import offset_name
 from .segments import SegmentQueue
 from .spans import sorted_isin
@@ -100,14 +98,18 @@ class RepairPlan:
 class RepairResult:
     plan: RepairPlan
     executed: bool
-    backup_dir: str | None
+    backup_dir: str | None  # the backup actually used
     seconds: float
+    resumed: object = None  # journal.Interrupted: an unfinished repair found (and dealt with) first
+    steps: list[Step] = field(default_factory=list)  # what ran: the plan + create/remove-abort
 
 
 def default_backup_dir(root: Path) -> Path:
-    """``{store}.rmqstore-backup-<timestamp>``, beside (outside) the store."""
+    """``{store}.rmqstore-backup-<timestamp>``, beside (outside) the store; ``-2``, ``-3``
+    … when that exists already."""
     root = Path(root).resolve()
-    return root.parent / f"{root.name}.rmqstore-backup-{time.strftime('%Y%m%d-%H%M%S')}"
+    p = root.parent / f"{root.name}.rmqstore-backup-{time.strftime('%Y%m%d-%H%M%S')}"
+    return _unused(p) if os.path.lexists(p) else p
 
 
 # --- planning ----------------------------------------------------------------------------
@@ -433,195 +435,162 @@ def _index_steps(root: Path, cfg, rep: VerifyReport, by_code) -> list[Step]:
 # --- execution ---------------------------------------------------------------------------
 
 
-class _Backup:
-    """Saves what a step changes: whole small files, byte ranges of segments, moved files."""
-
-    def __init__(self, root: Path, where: Path | None):
-        self.root, self.dir = root, where
-        self.saved: list[dict] = []
-        self._copied: set[str] = set()
-        if where is not None:
-            where.mkdir(parents=True, exist_ok=False)
-
-    def _dst(self, rel: str) -> Path:
-        d = self.dir / rel
-        d.parent.mkdir(parents=True, exist_ok=True)
-        return d
-
-    def move(self, rel: str) -> None:
-        src = self.root / rel
-        if not src.exists():
-            return
-        if self.dir is None:
-            shutil.rmtree(src) if src.is_dir() else src.unlink()
-            return
-        shutil.move(str(src), str(self._dst(rel)))
-        self.saved.append({"moved": rel})
-
-    def copy(self, rel: str) -> None:
-        if self.dir is None or rel in self._copied or not (self.root / rel).exists():
-            return
-        src = self.root / rel
-        (shutil.copytree if src.is_dir() else shutil.copy2)(src, self._dst(rel))
-        self._copied.add(rel)
-        self.saved.append({"copied": rel})
-
-    def range(self, rel: str, offset: int, length: int) -> None:
-        if self.dir is None or length <= 0:
-            return
-        with open(self.root / rel, "rb") as f:
-            f.seek(offset)
-            data = f.read(length)
-        name = f"{rel}.{offset}-{offset + len(data)}.bin"
-        self._dst(name).write_bytes(data)
-        self.saved.append({"range": rel, "offset": offset, "length": len(data), "saved": name})
-
-    def finish(self, plan: RepairPlan) -> None:
-        if self.dir is None:
-            return
-        doc = {"store": plan.store, "steps": [s.as_dict() for s in plan.steps],
-               "saved": self.saved,
-               "restore": "copy 'copied'/'moved' paths back; write each 'range' file at its offset"}
-        (self.dir / "manifest.json").write_text(json.dumps(doc, indent=2))
+def _backup_target(root: Path, requested, resumed) -> Path:
+    """The backup directory to use: outside the store, new (or empty)."""
+    if requested is None:
+        return default_backup_dir(root)
+    p = _outside(root, Path(requested).resolve())
+    if os.path.lexists(p):
+        if resumed is not None and Path(resumed.journal).resolve() == p:
+            return _unused(p)  # the same --backup as the run just undone: keep that one
+        if not (p.is_dir() and not p.is_symlink() and not any(p.iterdir())):
+            raise RefusedError("already exists and is not empty: choose a new directory for "
+                               "the backup", p)
+    return p
 
 
-def _pwrite(path: Path, data: bytes, offset: int) -> None:
-    fd = os.open(path, os.O_RDWR)
-    try:
-        os.pwrite(fd, data, offset)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _reload(root: Path, cfg: StoreConfig) -> StoreConfig:
+    """``cfg`` again after an undo: geometry it took from the files (or defaults) is read
+    again, what came from broker.conf or options (or a config made in code) is kept."""
+    from .config import GEOMETRY
+
+    def given(name: str) -> bool:
+        src = cfg.sources.get(name)
+        return name not in GEOMETRY or src is None or src in ("broker.conf", "option")
+
+    keep = {f.name: getattr(cfg, f.name) for f in fields(cfg)
+            if f.init and f.name not in ("sources", "store_path_root_dir") and given(f.name)}
+    return load_config(root, overrides=keep)
+
+
+def _outside(root: Path, p: Path) -> Path:
+    if p == root or root in p.parents:
+        raise RefusedError("the backup directory must be outside the store (repair would "
+                           "take it for stray files)", p)
+    return p
+
+
+def _unused(p: Path) -> Path:
+    n = 2
+    while os.path.lexists(p.with_name(f"{p.name}-{n}")):
+        n += 1
+    return p.with_name(f"{p.name}-{n}")
 
 
 def repair(root: str | os.PathLike, *, dry_run: bool = False, backup_dir: str | os.PathLike | None = None,
            backup: bool = True, config: StoreConfig | None = None, clock=None,
            plan: RepairPlan | None = None, processes: int | None = None,
+           progress=None, conf: str | os.PathLike | None = None,
            allow_data_loss: bool = False) -> RepairResult:
     """Plan and (unless ``dry_run``) execute the repair of the store at ``root``.
 
+    Under the store lock: an unfinished earlier repair is undone from its backup first
+    (:func:`rmqstore.undo.resume`; ``result.resumed`` says what was found), then the
+    store is planned afresh (``plan`` is only used by a dry run), the space checked
+    (:func:`~rmqstore.repair_steps.preflight`), and every step run journaled
+    (:mod:`rmqstore.journal`). ``progress(done, total)`` sees steps as they finish.
+
+    ENOSPC, EIO and other errors of the operating system give :class:`StoreIOError`
+    naming the file; the store is then left mid-repair, with its marker, and the next
+    ``repair`` finishes the job (or ``rmqstore restore BACKUP`` undoes it).
+
+    Without ``config`` the settings come from ``conf`` (a broker.conf) and the files, read
+    after any undo: a half-done store can mislead what the files say.
+
     A plan with refused steps (``RepairPlan.refused``: they would remove valid data or act
     without evidence) raises :class:`~rmqstore.errors.RefusedError` before anything is
-    changed, unless ``allow_data_loss`` (the CLI's ``--allow-data-loss``)."""
+    changed, unless ``allow_data_loss`` (the CLI's ``--allow-data-loss``).
+    """
+    from . import journal as J
+    from . import repair_steps as R
+    from .rebuild import dispatched
+    from .undo import resume
+
     t0 = time.perf_counter()
-    root = Path(root)
-    cfg = config or load_config(root)
+    root = Path(root).resolve()
     if dry_run:
+        cfg = config or load_config(root, conf)
         plan = plan or plan_repair(root, config=cfg, processes=processes)
-        return RepairResult(plan, False, None, time.perf_counter() - t0)
+        return RepairResult(plan, False, None, time.perf_counter() - t0,
+                            resumed=J.find_interrupted(root))
+    if backup_dir is not None and backup:
+        _outside(root, Path(backup_dir).resolve())  # refused before the lock is taken
+    lock_before = J.lock_state(root)
     with ckpt.hold_lock(root):
         # Planned under the lock, so no broker can change the store in between.
+        resumed = resume(root, progress=progress)
+        cfg = config or load_config(root, conf)
+        if config is not None and resumed is not None and resumed.outcome == "undone":
+            cfg = _reload(root, config)
         plan = plan_repair(root, config=cfg, processes=processes)
         if not plan.steps:
-            return RepairResult(plan, False, None, time.perf_counter() - t0)
+            return RepairResult(plan, False, None, time.perf_counter() - t0, resumed=resumed)
         if plan.refused and not allow_data_loss:
             raise plan.refusal()
-        where = (Path(backup_dir) if backup_dir else default_backup_dir(root)) if backup else None
-        b = _Backup(root, where)
-        had_abort = ckpt.abort_exists(root)
-        if not had_abort:
-            ckpt.create_abort(root)  # a crash mid-repair leaves the broker a full recovery
+        where = _backup_target(root, backup_dir, resumed) if backup else None
+        steps = R.with_abort_steps(plan.steps, ckpt.abort_exists(root))
+        ctx = R.StepContext(root, cfg, plan.report, dispatched(plan.report.scan), clock)
+        space = R.preflight(ctx, steps, where)
+        manifest = {"config": cfg, "lock": lock_before, "space": space,
+                    "verify": plan.report.summary(),
+                    "unfixed": [{"code": f.code, "file": f.file, "why": why} for f, why in plan.unfixed],
+                    "steps": [s.as_dict() for s in steps]}
+        j = J.Journal.begin(root, where, manifest)
         try:
-            _execute(root, cfg, plan, b, clock)
+            _run_steps(j, ctx, steps, where, progress)
         finally:
-            b.finish(plan)
-        ckpt.remove_abort(root)
-    return RepairResult(plan, True, str(where) if where else None, time.perf_counter() - t0)
+            j.close()
+    return RepairResult(plan, True, str(where) if where else None, time.perf_counter() - t0,
+                        resumed=resumed, steps=steps)
 
 
-def _execute(root: Path, cfg, plan: RepairPlan, b: _Backup, clock) -> None:
-    from .rebuild import _cut_queue, dispatched
+def _forget(j, root: Path) -> bool:
+    """No step started: the marker can go, the store is as it was."""
+    from .journal import remove_marker
 
-    rep = plan.report
-    scan = rep.scan
-    d = dispatched(scan)
-    size = cfg.mapped_file_size_commit_log
-    for s in plan.steps:
-        p = root / s.path if s.path else None
-        if s.action in ("remove-leftover", "move-stray", "move-segment", "remove-index"):
-            b.move(s.path)
-        elif s.action == "fix-body-crc":
-            with open(p, "rb") as f:
-                f.seek(s.offset - 8)
-                head = f.read(L.RECORD_FIXED_SIZE[True, True] + 4)
-                sys_flag = int.from_bytes(head[36:40], "big", signed=True)
-                fixed = L.RECORD_FIXED_SIZE[bool(sys_flag & L.SYSFLAG_BORNHOST_V6),
-                                            bool(sys_flag & L.SYSFLAG_STOREHOST_V6)]
-                f.seek(s.offset - 8 + fixed - 4)
-                n = int.from_bytes(f.read(4), "big", signed=True)
-                body = f.read(max(n, 0))
-            b.range(s.path, s.offset, 4)
-            _pwrite(p, (zlib.crc32(body) & 0x7FFFFFFF).to_bytes(4, "big", signed=True), s.offset)
-        elif s.action == "extend-segment":
-            b.saved.append({"extended": s.path, "from": s.offset})
-            with open(p, "r+b") as f:
-                f.truncate(size)
-        elif s.action == "zero-tail":
-            b.range(s.path, s.offset, s.length)
-            _pwrite(p, b"\0" * s.length, s.offset)
-        elif s.action in ("cut-queue", "rebuild-queue", "dispatch-queue"):
-            b.copy(s.path)
-            topic, qid = Path(s.path).parent.name, int(Path(s.path).name)
-            units = d.units.get((topic, qid))
-            if s.action == "cut-queue":
-                _cut_queue(p, cfg.cq_file_size, rep.end)
-            elif s.action == "rebuild-queue":
-                shutil.rmtree(p, ignore_errors=True)
-                if units is not None:
-                    from .consumequeue import build_consume_queue
-                    build_consume_queue(p, *units, cfg.cq_file_size, fsync=True)
-            elif units is not None:
-                with ConsumeQueue(p, cfg.cq_file_size) if p.is_dir() else _NoQueue() as cq:
-                    have = cq.max_offset
-                sel = units[0] >= have
-                with ConsumeQueueWriter(p, cfg.cq_file_size) as w:
-                    w.put_many(*(a[sel] for a in units))
-                    w.flush()
-        elif s.action == "reindex":
-            _reindex(root, cfg, d, b, clock)
-        elif s.action == "write-checkpoint":
-            b.copy(ckpt.CHECKPOINT)
-            _fix_checkpoint(root, cfg, d, scan)
-        elif s.action == "remove-abort":
-            pass  # done last, by repair(), once everything is synced
-
-
-class _NoQueue:
-    max_offset = 0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-
-def _reindex(root: Path, cfg, d, b: _Backup, clock) -> None:
-    g = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
-    idx = root / "index"
-    kept = _list_index_files(idx) if idx.is_dir() else []
-    if kept:
-        b.copy(f"index/{kept[-1].name}")  # the last kept file is appended to
-    with IndexService(idx, g, clock=clock) as svc:
-        start = svc.files[-1].header.end_phy_offset if svc.files else 0
-        sel = d.key_offset >= start
-        svc.put_hashes(d.key_hash[sel], d.key_offset[sel], d.key_timestamp[sel], skip_stale=True)
-        svc.flush()
-
-
-def _fix_checkpoint(root: Path, cfg, d, scan) -> None:
-    from .rebuild import last_full_index_timestamp
-
-    path = root / ckpt.CHECKPOINT
     try:
-        cp = ckpt.read_checkpoint(path) if path.exists() else ckpt.Checkpoint()
-    except Exception:  # noqa: BLE001 - an unreadable checkpoint is replaced
-        cp = ckpt.Checkpoint()
-    ts = scan.records("store_timestamp")
-    last = int(ts.max()) if len(ts) else 0
-    cp.physic_msg_timestamp = min(cp.physic_msg_timestamp, last)
-    if d.last_cq_timestamp:
-        cp.logics_msg_timestamp = d.last_cq_timestamp
-    full = last_full_index_timestamp(root / "index", IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num))
-    cp.index_msg_timestamp = full if full is not None else min(cp.index_msg_timestamp, last)
-    ckpt.write_checkpoint(root, cp, version="4.9" if cfg.broker_version == "4.9" else "5.x")
+        j.close()
+        remove_marker(root)
+        return True
+    except RmqStoreError:
+        return False
+
+
+def _run_steps(j, ctx, steps: list[Step], where: Path | None, progress) -> None:
+    from . import repair_steps as R
+
+    all_items: list[dict] = []
+    k, phase, s = 0, "start", None
+    try:
+        for k, s in enumerate(steps, 1):
+            phase = "save to the backup"
+            items = j.start(k, s.action, s.path, R.scope(s, ctx))
+            phase = "write"
+            R.run(s, ctx, items, j)
+            phase = "sync"
+            j.done(k, items)
+            all_items += items
+            if progress:
+                progress(k, len(steps))
+        phase = "finish"
+        j.end(all_items)
+    except (OSError, RmqStoreError) as e:
+        at = f"in repair step {k} of {len(steps)}, {s.action} {s.path or ''}".rstrip() if s \
+            else "in the repair"
+        if isinstance(e, OSError):
+            err: RmqStoreError = StoreIOError(f"cannot {phase} ({e.strerror or e}) {at}",
+                                              e.filename or ctx.root / (s.path or ""), errno=e.errno)
+        else:
+            e.message = f"{e.message} ({at})"
+            err = e
+        j.failed(k, str(err))
+        if k == 1 and phase == "save to the backup" and _forget(j, ctx.root):
+            err.message += "; nothing was changed"
+        else:
+            err.message += ("; the store is mid-repair: fix the cause, then run `rmqstore "
+                            "repair` again to finish it" + (f", or `rmqstore restore {where}` "
+                                                             "to undo it" if where else ""))
+        raise err from None
+    except BaseException as e:  # an interrupt or a bug: leave the journal saying so
+        j.failed(k, f"{type(e).__name__}: {e}")
+        raise

@@ -55,6 +55,9 @@ class MessageStore:
         self._halt = False  # closed, or broken: put checks this one flag
         self._broken: BaseException | None = None  # see _failed
         try:
+            from .journal import refuse_if_unfinished
+
+            refuse_if_unfinished(self.root, "writing")
             self._open(dispatch, clock)
         except BaseException:
             self._lock.release()

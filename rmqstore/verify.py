@@ -61,6 +61,7 @@ CODES = {
     "special-file": (ERROR, "a FIFO, socket or device inside the store: never read, moved or deleted"),
     "record-topic-unsafe": (ERROR, "records whose topic cannot be a directory name ('/', '..', NUL, too long)"),
     "rebuild-leftover": (WARNING, "scratch directory of an interrupted rmqstore rebuild"),
+    "repair-interrupted": (ERROR, "an rmqstore repair or restore did not finish (its marker is in the store root)"),
     "cq-segment": (ERROR, "a ConsumeQueue segment with a bad name, size or place"),
     "cq-hole": (ERROR, "units after an empty unit: the broker's load stops at the hole"),
     "cq-beyond-end": (WARNING, "units pointing at or past the CommitLog end"),
@@ -323,6 +324,23 @@ def stray_dirs(c: Collector, root: Path) -> None:
                   "(the swap had not happened); repair removes it")
 
 
+def interrupted_repair(c: Collector, root: Path) -> None:
+    from .errors import RmqStoreError
+    from .journal import MARKER, read_marker
+
+    if not os.path.lexists(root / MARKER):
+        return
+    try:
+        m = read_marker(root)
+        where, op = m["journal"], m.get("operation", "repair")
+    except RmqStoreError:
+        where, op = None, "repair"
+    undo = f" or `rmqstore restore {where}` to undo it" if where and op == "repair" else ""
+    c.add("repair-interrupted", root / MARKER, None,
+          f"an rmqstore {op} of this store did not finish (journal {where or 'unreadable'}); "
+          f"the store may be half-repaired: run `rmqstore repair` to finish it{undo}")
+
+
 # --- the whole store ---------------------------------------------------------------------
 
 
@@ -365,6 +383,7 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
         check_index(c, root, cfg, scan, d, deep=deep)
         forecast = check_state(c, root, cfg, q, scan, d, cp, abort)
         stray_dirs(c, root)
+        interrupted_repair(c, root)
         report = VerifyReport(str(root), c.findings, q.min_offset, scan.end, scan.reason,
                               d.messages, d.bytes, forecast, time.perf_counter() - t0, scan)
     return report

@@ -16,6 +16,7 @@ from rmqstore.config import load_config
 from rmqstore.consumequeue import ConsumeQueue
 from rmqstore.errors import StoreLockedError
 from rmqstore.index import IndexGeometry, IndexReader
+from rmqstore.journal import read_backup
 from rmqstore.recovery import plan_repair, repair
 from rmqstore.verify import verify
 
@@ -63,11 +64,11 @@ def test_backup_holds_every_changed_byte(fixtures_root, tmp_path):
     store = copy_store(src, tmp_path / "s")
     backup = tmp_path / "b"
     repair(store, backup_dir=backup)
-    doc = json.loads((backup / "manifest.json").read_text())
-    ranges = [s for s in doc["saved"] if "range" in s]
+    # What each step saved is in the journal's start records (manifest.json holds the plan).
+    ranges = [s for s in read_backup(backup).items if s["kind"] == "range"]
     assert ranges and all((backup / s["saved"]).stat().st_size == s["length"] for s in ranges)
-    torn = next(s for s in ranges if s["range"] == "commitlog/00000000000000458752")
-    original = (src / torn["range"]).read_bytes()[torn["offset"]:torn["offset"] + torn["length"]]
+    torn = next(s for s in ranges if s["path"] == "commitlog/00000000000000458752")
+    original = (src / torn["path"]).read_bytes()[torn["offset"]:torn["offset"] + torn["length"]]
     assert (backup / torn["saved"]).read_bytes() == original and any(original)
     for rel in ("commitlog/00000000000000524288", "index/20261122042611140", "checkpoint"):
         assert (backup / rel).read_bytes() == (src / rel).read_bytes()
