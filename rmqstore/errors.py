@@ -86,3 +86,9 @@ class StoreIOError(RmqStoreError):
                  offset: int | None = None, *, errno: int | None = None):
         super().__init__(message, path, offset)
         self.errno = errno
+
+
+class SparkError(RmqStoreError):
+    """Spark cannot run a job: no usable Java, executors that cannot start their Python or
+    import rmqstore, or a task or the cluster failing outside rmqstore's own checks. The
+    message says what to change (docs/pipeline.md, "On a cluster")."""
