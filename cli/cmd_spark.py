@@ -66,13 +66,13 @@ def _start(stores: List[str], *, master: Optional[str], conf: Optional[List[str]
     confs = _confs(conf)
     from rmqstore.pipeline import preflight
 
+    progress = _progress()
+    progress("checking config, stores, output, Python and Java")
     master = preflight.resolve_master(master)
-
     ready = preflight.run(stores, out=out, conf=config, master=master, python=python,
                           spark_conf=confs, local_only=local_only, write=write)
     for cfg in ready.configs.values():
         report_config(cfg)
-    progress = _progress()
     progress(f"executors' Python: {ready.python} ({ready.python_from})")
     progress("starting Spark")
     try:
