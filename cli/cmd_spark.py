@@ -1,9 +1,15 @@
 """``rmqstore spark ...``: the Spark jobs of :mod:`rmqstore.pipeline` (export, stats, audit,
 rebuild-cq). pyspark and pyarrow are imported inside the commands only, so ``rmqstore
---help`` stays fast and works without the ``spark`` extra."""
+--help`` stays fast and works without the ``spark`` extra.
+
+Every command checks what it can before Spark starts (:mod:`rmqstore.pipeline.preflight`:
+config, stores, ``--out``, the executors' Python, Java) and reports the master and the
+executors' Python with its results."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,9 +25,10 @@ spark_app = typer.Typer(help="Run export, stats, audit and ConsumeQueue rebuilds
                              "(needs the 'spark' extra and Java 17).", no_args_is_help=True)
 app.add_typer(spark_app, name="spark")
 
-MasterOption = typer.Option("local[*]", "--master", help="Spark master URL: local[N], spark://host:7077, yarn, k8s://...")
+MasterOption = typer.Option(None, "--master", help="Spark master URL: local[N], spark://host:7077, yarn, k8s://... Default: local[*], or spark-submit's --master when run by spark-submit.")
 ConfOption = typer.Option(None, "--conf", help="A Spark setting key=value; repeatable.")
 SplitSizeOption = typer.Option("64MiB", "--split-size", help="Bytes of CommitLog per task: a number with an optional KiB/MiB/GiB suffix.")
+PythonOption = typer.Option(None, "--python", help="The Python the executors run; it needs this rmqstore version with the 'spark' extra. Default: --conf spark.pyspark.python, else $PYSPARK_PYTHON, else the Python running this command. Reported in the output.")
 
 
 def _size(text: str) -> int:
@@ -45,15 +52,46 @@ def _confs(items: Optional[List[str]]) -> dict[str, str]:
     return out
 
 
-def _session(master: str, conf: Optional[List[str]]):
+def _start(stores: List[str], *, master: Optional[str], conf: Optional[List[str]], python: Optional[str],
+           config: Optional[Path] = None, out: Optional[str] = None, local_only: Optional[str] = None,
+           write: Optional[str] = None):
+    """Check everything that can be checked without Spark (``write``: as
+    :func:`rmqstore.storekind.require_writable` checks it), then start it; the stores'
+    configuration notes and warnings go to stderr. Returns the jobs module, the session,
+    the progress printer and the checks' findings."""
+    missing = [m for m in ("pyspark", "pyarrow", "pandas") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise fail(f"Spark commands need the 'spark' extra (pip install 'rmqstore[spark]'): "
+                   f"no {', '.join(missing)}")
+    confs = _confs(conf)
+    from rmqstore.pipeline import preflight
+
+    progress = _progress()
+    progress("checking config, stores, output, Python and Java")
+    master = preflight.resolve_master(master)
+    ready = preflight.run(stores, out=out, conf=config, master=master, python=python,
+                          spark_conf=confs, local_only=local_only, write=write)
+    for cfg in ready.configs.values():
+        report_config(cfg)
+    progress(f"executors' Python: {ready.python} ({ready.python_from})")
+    progress("starting Spark")
     try:
         from rmqstore.pipeline import jobs
     except ImportError as e:
         raise fail(f"Spark commands need the 'spark' extra (pip install 'rmqstore[spark]'): {e}") from None
-    confs = _confs(conf)
-    progress = _progress()
-    progress("starting Spark")
-    return jobs, jobs.session(master, confs), progress
+    # A failed task is reported as one line (pipeline.taskerror); Spark's own ERROR log
+    # lines about it would only repeat it, less clearly.
+    quiet = "ERROR" if os.environ.get("RMQSTORE_DEBUG") else "FATAL"
+    spark = jobs.session(master, confs, python=ready.python, log_level=quiet)
+    return jobs, spark, progress, ready
+
+
+def _spark_info(jobs, spark, ready) -> dict:
+    """Where the job ran: the master and the executors' Python (and why that one)."""
+    actual = jobs.executor_python(spark)
+    return {"master": spark.sparkContext.master, "executorPython": actual,
+            "executorPythonFrom": ready.python_from if actual == ready.python
+            else "the SparkContext already running"}
 
 
 def _progress():
@@ -64,38 +102,20 @@ def _progress():
     return lambda stage: typer.echo(f"[{time.monotonic() - t0:7.1f}s] {stage}", err=True)
 
 
-def _check_stores(stores: List[str], config: Optional[Path] = None,
-                  write: Optional[str] = None) -> List[str]:
-    """Local stores must exist and be ones rmqstore can read (checked before Spark starts,
-    with ``write`` as :func:`rmqstore.storekind.require_writable` checks it); their notes
-    and warnings go to stderr."""
-    from rmqstore.config import load_config
-    from rmqstore.storekind import require_writable
-
-    for s in stores:
-        if "://" in s:
-            continue
-        if not Path(s).is_dir():
-            raise fail(f"{s}: no such store directory")
-        cfg = load_config(s, config)
-        if write:
-            require_writable(cfg, write)
-        report_config(cfg)
-    return stores
-
-
 @spark_app.command("export")
 @handles_errors
 @output_options
 def export(
     stores: List[str] = typer.Argument(..., help="Store roots (local paths or hdfs://, s3a:// ... URIs)."),
-    out_dir: str = typer.Option(..., "--out", "-o", help="Output directory for the Parquet dataset (must be new or empty)."),
+    out_dir: str = typer.Option(..., "--out", "-o", help="Output directory for the Parquet dataset (must be new or empty); a local path or an hdfs://, s3a:// ... URI."),
     partition_by: Optional[str] = typer.Option(None, "--partition-by", help="Partition the dataset by this column: topic."),
     body: bool = typer.Option(True, "--body/--no-body", help="Include message bodies (binary column)."),
     writer: str = typer.Option("pyarrow", "--writer", help="pyarrow (tasks write Parquet, faster) or spark (Spark's writer)."),
-    master: str = MasterOption,
+    config: Optional[Path] = ConfigOption,
+    master: Optional[str] = MasterOption,
     conf: Optional[List[str]] = ConfOption,
     split_size: str = SplitSizeOption,
+    python: Optional[str] = PythonOption,
     *, out: Output,
 ) -> None:
     """Every valid CommitLog record of the stores as one Parquet dataset: the message JSON
@@ -105,14 +125,18 @@ def export(
     if writer not in ("pyarrow", "spark"):
         raise fail("--writer must be pyarrow or spark")
     size = _size(split_size)
-    _check_stores(stores)
-    jobs, spark, progress = _session(master, conf)
-    r = jobs.export(spark, stores, out_dir, split_size=size, partition_by=partition_by,
-                    body=body, writer=writer, progress=progress)
+    jobs, spark, progress, ready = _start(stores, master=master, conf=conf, python=python,
+                                          config=config, out=out_dir)
+    r = jobs.export(spark, ready.stores, ready.out, split_size=size, partition_by=partition_by,
+                    body=body, writer=writer, conf=config, progress=progress)
     progress("done")
     out.record({"out": r.out, "records": r.records, "splits": r.splits, "files": len(r.files),
-                "rereadSplits": r.reread}, title="spark export")
+                "rereadSplits": r.reread, **_spark_info(jobs, spark, ready)}, title="spark export")
 
+
+#: Why audit and rebuild-cq refuse hdfs://, s3a:// ... locations.
+LOCAL_ONLY = ("ConsumeQueue files are read and written through local paths: use a local path "
+              "(or a filesystem mounted at the same path on every node)")
 
 QUEUE_COLUMNS = ("store", "topic", "queueId", "messages", "bytes", "minQueueOffset",
                  "maxQueueOffset", "firstStoreTime", "lastStoreTime")
@@ -124,19 +148,21 @@ FINDING_COLUMNS = ("store", "topic", "queueId", "queueOffset", "kind", "expected
 @handles_errors
 @output_options
 def stats(
-    stores: List[str] = typer.Argument(..., help="Store roots."),
-    master: str = MasterOption,
+    stores: List[str] = typer.Argument(..., help="Store roots (local paths or hdfs://, s3a:// ... URIs)."),
+    config: Optional[Path] = ConfigOption,
+    master: Optional[str] = MasterOption,
     conf: Optional[List[str]] = ConfOption,
     split_size: str = SplitSizeOption,
+    python: Optional[str] = PythonOption,
     *, out: Output,
 ) -> None:
     """Per store/topic/queue: messages, bytes, min/max queue offset, first/last store time
     -- the same numbers as ``rmqstore stats``. jsonl, csv and tsv: one row per queue;
-    json: the queues and each store's CommitLog end."""
+    json: the queues, each store's CommitLog end and where the job ran."""
     size = _size(split_size)
-    _check_stores(stores)
-    jobs, spark, progress = _session(master, conf)
-    r = jobs.stats(spark, stores, split_size=size, progress=progress)
+    jobs, spark, progress, ready = _start(stores, master=master, conf=conf, python=python,
+                                          config=config)
+    r = jobs.stats(spark, ready.stores, split_size=size, conf=config, progress=progress)
     progress("done")
     rows = [{"store": s, "topic": q.topic, "queueId": q.queue_id, "messages": q.count, "bytes": q.bytes,
              "minQueueOffset": q.min_queue_offset, "maxQueueOffset": q.max_queue_offset,
@@ -146,30 +172,35 @@ def stats(
              times=("firstStoreTime", "lastStoreTime"))
     out.record({s: {"minOffset": e.min_offset, "endOffset": e.end_offset, "endReason": e.reason}
                 for s, e in r.ends.items()}, key="commitLog", items=False, table=False)
+    out.record(_spark_info(jobs, spark, ready), key="spark", items=False, title="Spark")
 
 
 @spark_app.command("audit")
 @handles_errors
 @output_options
 def audit(
-    stores: List[str] = typer.Argument(..., help="Store roots (local paths)."),
-    master: str = MasterOption,
+    stores: List[str] = typer.Argument(..., help="Store roots (local paths, or a filesystem mounted at the same path on every node)."),
+    config: Optional[Path] = ConfigOption,
+    master: Optional[str] = MasterOption,
     conf: Optional[List[str]] = ConfOption,
     split_size: str = SplitSizeOption,
+    python: Optional[str] = PythonOption,
     *, out: Output,
 ) -> None:
     """Compare every ConsumeQueue unit with what the CommitLog implies: missing, extra,
     beyond-end, mismatch (offset/size/tagsCode), hole, duplicate. Exit 1 when any.
-    jsonl, csv and tsv: one row per finding; json: findings, info and the queue count."""
+    jsonl, csv and tsv: one row per finding; json: findings, info, the queue count and
+    where the job ran."""
     size = _size(split_size)
-    _check_stores(stores)
-    jobs, spark, progress = _session(master, conf)
-    r = jobs.audit(spark, stores, split_size=size, progress=progress)
+    jobs, spark, progress, ready = _start(stores, master=master, conf=conf, python=python,
+                                          config=config, local_only=LOCAL_ONLY)
+    r = jobs.audit(spark, ready.stores, split_size=size, conf=config, progress=progress)
     progress("done")
     out.rows(r.findings, FINDING_COLUMNS, key="findings", prose=("detail",),
              title=f"Findings ({len(r.findings)} in {r.queues} queues)")
     out.record(r.info, key="info", items=False, table=bool(r.info), title="Not errors")
     out.record({"queues": r.queues}, items=False, table=False)
+    out.record(_spark_info(jobs, spark, ready), key="spark", items=False, title="Spark")
     if r.findings:
         raise typer.Exit(EXIT_PROBLEMS)
 
@@ -178,21 +209,24 @@ def audit(
 @handles_errors
 @output_options
 def rebuild_cq(
-    store: str = typer.Argument(..., help="The store root (local path)."),
-    out_dir: str = typer.Option(..., "--out", "-o", help="New directory that receives a whole consumequeue/ tree."),
+    store: str = typer.Argument(..., help="The store root (a local path, or a filesystem mounted at the same path on every node)."),
+    out_dir: str = typer.Option(..., "--out", "-o", help="New directory that receives a whole consumequeue/ tree (local, or mounted at the same path on every node)."),
     config: Optional[Path] = ConfigOption,
-    master: str = MasterOption,
+    master: Optional[str] = MasterOption,
     conf: Optional[List[str]] = ConfOption,
     split_size: str = SplitSizeOption,
+    python: Optional[str] = PythonOption,
     *, out: Output,
 ) -> None:
     """Rebuild every ConsumeQueue of STORE from its CommitLog into OUT/{topic}/{queueId}/,
     byte-identical to what the broker's dispatch writes. The store is not modified."""
     size = _size(split_size)
-    _check_stores([store], config, "rebuild --consumequeue")
-    jobs, spark, progress = _session(master, conf)
-    r = jobs.rebuild_cq(spark, store, out_dir, split_size=size, conf=config, progress=progress)
+    jobs, spark, progress, ready = _start([store], master=master, conf=conf, python=python,
+                                          config=config, out=out_dir, local_only=LOCAL_ONLY,
+                                          write="rebuild --consumequeue")
+    r = jobs.rebuild_cq(spark, ready.stores[store], ready.out, split_size=size, conf=config,
+                        progress=progress)
     progress("done")
     out.record({"out": r.out, "queues": r.queues, "units": r.units,
-                "commitLogEnd": r.end.end_offset, "endReason": r.end.reason},
-               title="spark rebuild-cq")
+                "commitLogEnd": r.end.end_offset, "endReason": r.end.reason,
+                **_spark_info(jobs, spark, ready)}, title="spark rebuild-cq")

@@ -92,3 +92,9 @@ class WorkerDiedError(RmqStoreError):
     """A worker process died before it handed back its result (killed by a signal: a bus
     error on a mapped file, the out-of-memory killer, ...); names the signal and, when
     known, the file it was mapping."""
+
+
+class SparkError(RmqStoreError):
+    """Spark cannot run a job: no usable Java, executors that cannot start their Python or
+    import rmqstore, or a task or the cluster failing outside rmqstore's own checks. The
+    message says what to change (docs/pipeline.md, "On a cluster")."""

@@ -96,6 +96,19 @@ def is_remote(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
+#: Hadoop's names for S3 buckets, which pyarrow knows as ``s3://`` (same bucket and key).
+_ARROW_SCHEMES = {"s3a": "s3", "s3n": "s3"}
+
+
+def arrow_filesystem(uri: str):
+    """(pyarrow filesystem, path inside it) for a URI; ``s3a://`` and ``s3n://`` (Hadoop's
+    spelling, what Spark users write) are read as ``s3://``."""
+    from pyarrow import fs as pafs
+
+    scheme, sep, rest = uri.partition("://")
+    return pafs.FileSystem.from_uri(_ARROW_SCHEMES.get(scheme.lower(), scheme) + sep + rest)
+
+
 def _local(path: str) -> str:
     return path[len("file://"):] if path.startswith("file://") else path
 
@@ -137,7 +150,7 @@ def list_store(store: str, *, segment_size: int | None = None, conf=None) -> Sto
                           files, cfg.delay_millis)
     from pyarrow import fs as pafs
 
-    fs, base = pafs.FileSystem.from_uri(store.rstrip("/") + "/commitlog")
+    fs, base = arrow_filesystem(store.rstrip("/") + "/commitlog")
     infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
     prefix = store.rstrip("/") + "/commitlog/"
     files = sorted((prefix + i.base_name, int(i.base_name), i.size) for i in infos
@@ -224,9 +237,7 @@ class Window:
             self.buf = self._map
             _populate(self._map, split.begin, min(split.end + _POPULATE_PAST, self.size))
         else:
-            from pyarrow import fs as pafs
-
-            fs, p = pafs.FileSystem.from_uri(split.path)
+            fs, p = arrow_filesystem(split.path)
             self._file = fs.open_input_file(p)
             self.lo = split.begin if split.start is None else min(split.begin, split.start)
             self.hi = self.lo

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,20 @@ def pytest_collection_modifyitems(config, items):
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for every Spark test in the run (each start costs 10-20 s);
+    the CLI's Spark commands, run in-process, use it too (getOrCreate)."""
+    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'rmqstore[spark]')")
+    from rmqstore.pipeline import jobs
+
+    s = jobs.session("local[2]", {
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+        "spark.driver.host": "127.0.0.1",
+    }, python=sys.executable)
+    yield s
+    s.stop()

@@ -15,9 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import shutil
-import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -174,22 +172,6 @@ def test_every_command_that_prints_has_the_shared_options():
 
 
 # --- Spark ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def spark():
-    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'rmqstore[spark]')")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from rmqstore.pipeline import jobs
-
-    s = jobs.session("local[2]", {
-        "spark.ui.enabled": "false",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
-        "spark.driver.host": "127.0.0.1",
-    })
-    yield s
-    s.stop()
 
 
 SPARK_CASES = {

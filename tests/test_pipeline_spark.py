@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import base64
 import filecmp
-import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,21 +33,6 @@ if not ROCKETMQ_498.is_dir():
 # no longer yields (fixtures README); crash-torn keeps a unit for the torn record.
 CLEAN = ["basic", "unicode", "ipv6", "special", "sync-flush", "async-transient", "crash",
          "crash-recovered"]
-
-
-@pytest.fixture(scope="module")
-def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from rmqstore.pipeline import jobs
-
-    s = jobs.session("local[2]", {
-        "spark.ui.enabled": "false",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
-        "spark.driver.host": "127.0.0.1",
-    })
-    yield s
-    s.stop()
 
 
 def _reference_rows(root: str) -> list[dict]:

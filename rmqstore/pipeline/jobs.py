@@ -9,16 +9,22 @@ keeps only records of valid data. What differs is what tasks return:
 * export: nothing but boundaries; tasks write Parquet themselves (pipeline.output);
 * stats: per-queue partial aggregates, merged on the driver with stats.merge_stats;
 * audit / rebuild-cq: implied CQ units, grouped per queue with ``applyInPandas``.
+
+Tasks never see a path the driver has not made absolute (:func:`preflight.absolute_uri`:
+a task runs in another directory, maybe on another machine); a store is named in results
+as the caller gave it. An error inside a task reaches the caller as the typed error the
+task raised (:mod:`pipeline.taskerror`), never as Spark's stack traces.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import posixpath
-import sys
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence, Union
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -29,36 +35,131 @@ from .. import splits as S
 from .. import arrowview as AV
 
 from .. import stats as ST
+from .. import __version__
+from ..errors import InputError, RmqStoreError, SparkError
 from . import audit as A
 from . import output as O
+from . import preflight as P
+from . import taskerror as TE
 
 Progress = Callable[[str], None]
+#: Stores as given (each a local path or URI), or a mapping from the name results use
+#: to the location (what the CLI passes after its checks).
+Stores = Union[Sequence[str], Mapping[str, str]]
 
 
 def _quiet(_: str) -> None:
     pass
 
 
-def session(master: str = "local[*]", conf: dict[str, str] | None = None,
-            app: str = "rmqstore") -> SparkSession:
-    """A SparkSession set up the way these jobs need: Python workers on this interpreter
-    (so they import this package), a local driver bound to 127.0.0.1, speculation off
-    (task outputs are committed by rename, one attempt per split)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    b = SparkSession.builder.appName(app).master(master)
+def session(master: str | None = "local[*]", conf: dict[str, str] | None = None,
+            app: str = "rmqstore", python: str | None = None, log_level: str = "ERROR") -> SparkSession:
+    """A SparkSession set up the way these jobs need: executors' Python chosen explicitly
+    (``python``, else :data:`preflight.PYTHON_RULE`: by default the driver's interpreter,
+    which has this package), a local driver bound to 127.0.0.1, speculation off (task
+    outputs are committed by rename, one attempt per split). ``master=None``: the one
+    spark-submit was given. When a SparkContext exists already (a notebook) it is used as
+    it is: see :func:`executor_python`."""
+    exe, _ = P.executor_python(python, conf)
+    b = SparkSession.builder.appName(app)
+    if master is not None:
+        b = b.master(master)
     defaults = {
         "spark.speculation": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
-    if master.startswith("local"):
+    if P.is_local_master(master):
         defaults.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                          "spark.ui.enabled": "false"})
-    for k, v in {**defaults, **(conf or {})}.items():
+    for k, v in {**defaults, **(conf or {}), "spark.pyspark.python": exe}.items():
         b = b.config(k, v)
-    spark = b.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    # pyspark takes the executors' Python from PYSPARK_PYTHON when the context starts
+    # (SparkContext.pythonExec); set it for that moment only.
+    before = os.environ.get("PYSPARK_PYTHON")
+    os.environ["PYSPARK_PYTHON"] = exe
+    try:
+        spark = b.getOrCreate()
+    except Exception as e:
+        if not _from_spark(e):
+            raise
+        raise SparkError(f"Spark did not start: {TE.from_spark(e).message} (Spark's own messages, "
+                         "if any, are above)") from e
+    finally:
+        if before is None:
+            os.environ.pop("PYSPARK_PYTHON", None)
+        else:
+            os.environ["PYSPARK_PYTHON"] = before
+    spark.sparkContext.setLogLevel(log_level)
     return spark
+
+
+def executor_python(spark: SparkSession) -> str:
+    """The Python this session's executors run."""
+    return spark.sparkContext.pythonExec
+
+
+def _from_spark(e: BaseException) -> bool:
+    return type(e).__module__.startswith(("pyspark", "py4j"))
+
+
+def _maps_task_errors(fn):
+    """A job raises what its tasks raised (or one SparkError line), not Spark's traces."""
+    @functools.wraps(fn)
+    def job(spark, *args, **kwargs):
+        try:
+            return fn(spark, *args, **kwargs)
+        except RmqStoreError:
+            raise
+        except Exception as e:
+            if not _from_spark(e):
+                raise
+            raise TE.from_spark(e, executor_python(spark)) from e
+    return job
+
+
+def _in_task(fn):
+    """``fn`` (one pandas argument) as a task runs it: same rmqstore version as the
+    driver, typed errors marked for the driver (pipeline.taskerror)."""
+    version = __version__
+
+    def task(pdf):
+        try:
+            TE.check_version(version)
+            return fn(pdf)
+        except Exception as e:
+            raise TE.task_failure(e) from None
+    return task
+
+
+def _locations(stores: Stores) -> dict[str, str]:
+    """Name in results -> absolute URI of the store root."""
+    if isinstance(stores, Mapping):
+        return {name: P.absolute_uri(where) for name, where in stores.items()}
+    return {s: P.absolute_uri(s) for s in dict.fromkeys(stores)}
+
+
+def store_files(stores: Stores, conf=None) -> dict[str, S.StoreFiles]:
+    """Each store's CommitLog files as absolute URIs, with the geometry ``conf`` (a
+    broker.conf) and the files give (:func:`rmqstore.config.load_config`, as every other
+    command); named as the caller named the store."""
+    from ..config import load_config
+
+    out = {}
+    for name, uri in _locations(stores).items():
+        if S.is_remote(uri):
+            sf = S.list_store(uri)
+            if conf is not None:
+                cfg = load_config(None, conf, infer=False)
+                if cfg.sources.get("mapped_file_size_commit_log") == "broker.conf":
+                    sf = S.list_store(uri, segment_size=cfg.mapped_file_size_commit_log)
+                sf = dataclasses.replace(sf, max_record=cfg.max_message_size + 65536,
+                                         delay_millis=cfg.delay_millis)
+        else:
+            sf = S.list_store(P.local_path(uri), conf=conf)
+            sf = dataclasses.replace(sf, files=[(P.absolute_uri(p), start, n) for p, start, n in sf.files])
+        out[name] = dataclasses.replace(sf, store=name)
+    return out
 
 
 _BOUNDARY = [T.StructField("split_id", T.LongType(), False), T.StructField("first", T.LongType()),
@@ -82,15 +183,20 @@ def _boundary(row) -> S.Boundary:
 def _over_splits(spark: SparkSession, splits: Sequence[S.Split], fn, schema: T.StructType) -> DataFrame:
     """One task per split: ``fn(split, attempt)`` yields Arrow batches of ``schema``."""
     plan = list(splits)
+    version = __version__
 
     def run(batches):
         from pyspark import TaskContext
 
-        tc = TaskContext.get()
-        attempt = f"{tc.stageId()}-{tc.attemptNumber()}-{uuid.uuid4().hex[:6]}" if tc else uuid.uuid4().hex
-        for b in batches:
-            for sid in b.column(0).to_pylist():
-                yield from fn(plan[sid], attempt)
+        try:
+            TE.check_version(version)
+            tc = TaskContext.get()
+            attempt = f"{tc.stageId()}-{tc.attemptNumber()}-{uuid.uuid4().hex[:6]}" if tc else uuid.uuid4().hex
+            for b in batches:
+                for sid in b.column(0).to_pylist():
+                    yield from fn(plan[sid], attempt)
+        except Exception as e:
+            raise TE.task_failure(e) from None
 
     return spark.range(len(plan), numPartitions=max(len(plan), 1)).mapInArrow(run, schema)
 
@@ -121,15 +227,19 @@ def _spark_schema(arrow_schema) -> T.StructType:
     return T.StructType([T.StructField(f.name, conv(f.type), f.nullable) for f in arrow_schema])
 
 
-def export(spark: SparkSession, stores: Sequence[str], out: str, *,
+@_maps_task_errors
+def export(spark: SparkSession, stores: Stores, out: str, *,
            split_size: int = S.DEFAULT_SPLIT_SIZE, partition_by: str | None = None,
-           body: bool = True, writer: str = "pyarrow", progress: Progress = _quiet) -> O.ExportResult:
+           body: bool = True, writer: str = "pyarrow", conf=None,
+           progress: Progress = _quiet) -> O.ExportResult:
     """Every valid record of ``stores`` as one Parquet dataset at ``out`` (schema:
     :func:`splits.ARROW_SCHEMA`). ``writer="pyarrow"`` (default, measured faster): tasks
     write and commit their own files. ``writer="spark"``: Spark's Parquet writer, after a
-    boundary-only pass so every split knows its exact start."""
+    boundary-only pass so every split knows its exact start. The result's ``out`` is
+    the absolute URI written to."""
     progress("planning splits")
-    splits = S.plan_splits(list(stores), split_size)
+    splits = S.plan_splits(list(store_files(stores, conf).values()), split_size)
+    out = P.absolute_uri(out)
     if writer == "spark":
         return _export_spark_writer(spark, splits, out, partition_by, body, progress)
     O.prepare(out)
@@ -148,6 +258,7 @@ def export(spark: SparkSession, stores: Sequence[str], out: str, *,
     return O.ExportResult(out, len(splits), st.records, files, st.ends, len(replaced))
 
 
+@_maps_task_errors
 def boundaries(spark: SparkSession, splits: Sequence[S.Split]) -> tuple[S.Stitched, dict[int, S.Split]]:
     """The chain check alone (no decoding): a cheap first pass for jobs that need every
     split's exact start before they decode."""
@@ -178,6 +289,8 @@ def _export_spark_writer(spark, splits, out, partition_by, body, progress) -> O.
     todo = [S.Split(i, *[getattr(s, f) for f in S.Split.__dataclass_fields__ if f != "split_id"])
             for i, s in enumerate(todo)]
     df = _over_splits(spark, todo, task, _spark_schema(schema))
+    if not S.is_remote(out) and os.path.isdir(P.local_path(out)):
+        os.rmdir(P.local_path(out))  # empty (checked): Spark's writer wants to create it
     w = df.write.mode("errorifexists").option("compression", "snappy")
     if partition_by:
         w = w.partitionBy(partition_by)
@@ -201,15 +314,17 @@ class StatsResult:
     ends: dict[str, S.StoreEnd]
 
 
-def stats(spark: SparkSession, stores: Sequence[str], *, split_size: int = S.DEFAULT_SPLIT_SIZE,
-          progress: Progress = _quiet) -> StatsResult:
+@_maps_task_errors
+def stats(spark: SparkSession, stores: Stores, *, split_size: int = S.DEFAULT_SPLIT_SIZE,
+          conf=None, progress: Progress = _quiet) -> StatsResult:
     """Per store/topic/queue: count, bytes, min/max queue offset, first/last store time.
     Tasks aggregate their split with :func:`stats.queue_stats`; the driver merges the
     partials of the kept splits with :func:`stats.merge_stats`, as ``rmqstore stats``."""
     import pyarrow as pa
 
     progress("planning splits")
-    splits = S.plan_splits(list(stores), split_size)
+    files = store_files(stores, conf)
+    splits = S.plan_splits(list(files.values()), split_size)
 
     def task(split, attempt):
         with S.open_split(split) as sc:
@@ -236,7 +351,7 @@ def stats(spark: SparkSession, stores: Sequence[str], *, split_size: int = S.DEF
     by_store: dict[str, list] = {}
     for sid in st.keep:
         by_store.setdefault(splits[sid].store, []).append(parts.get(sid, []))
-    return StatsResult({s: ST.merge_stats(by_store.get(s, [])) for s in dict.fromkeys(stores)}, st.ends)
+    return StatsResult({s: ST.merge_stats(by_store.get(s, [])) for s in files}, st.ends)
 
 
 def _arrow(fields: Sequence[T.StructField]):
@@ -277,12 +392,12 @@ def _units_task(delay_by_store):
     return task
 
 
-def _implied(spark, stores, split_size, progress) -> tuple[DataFrame, S.Stitched, list[S.Split], dict]:
+def _implied(spark, stores, split_size, progress, conf=None) -> tuple[DataFrame, S.Stitched, list[S.Split], dict]:
     """(DataFrame of the implied units of valid data, verdict, splits, store geometry)."""
     from pyspark import StorageLevel
 
     progress("planning splits")
-    files = {s: S.list_store(s) for s in dict.fromkeys(stores)}
+    files = store_files(stores, conf)
     splits = S.plan_splits(list(files.values()), split_size)
     delay = {s: f.delay_millis for s, f in files.items()}
     progress(f"reading units: {len(splits)} splits")
@@ -335,22 +450,24 @@ class AuditResult:
         return len(self.findings)
 
 
-def audit(spark: SparkSession, stores: Sequence[str], *, split_size: int = S.DEFAULT_SPLIT_SIZE,
-          progress: Progress = _quiet) -> AuditResult:
+@_maps_task_errors
+def audit(spark: SparkSession, stores: Stores, *, split_size: int = S.DEFAULT_SPLIT_SIZE,
+          conf=None, progress: Progress = _quiet) -> AuditResult:
     """Compare every ConsumeQueue unit with what the CommitLog implies (pipeline.audit)."""
     import pandas as pd
 
     from ..config import load_config
     from ..consumequeue import list_queues
 
-    for s in stores:
-        if S.is_remote(s):
-            from ..errors import InputError
+    where = _locations(stores)
+    for s, uri in where.items():
+        if S.is_remote(uri):
             raise InputError(f"audit reads ConsumeQueue files from local paths only: {s}")
-    units, st, splits, files = _implied(spark, stores, split_size, progress)
+    roots = {s: P.local_path(uri) for s, uri in where.items()}
+    units, st, splits, files = _implied(spark, where, split_size, progress, conf)
     ends = {s: (e.min_offset, e.end_offset) for s, e in st.ends.items()}
-    cq_size = {s: load_config(s).cq_file_size for s in files}
-    listed = [(s, q.topic, q.queue_id) for s in files for q in list_queues(s).queues]
+    cq_size = {s: load_config(roots[s], conf).cq_file_size for s in files}
+    listed = [(s, q.topic, q.queue_id) for s in files for q in list_queues(roots[s]).queues]
     markers = spark.createDataFrame(listed, "store string, topic string, queueId int") \
         .withColumn("queueOffset", F.lit(None).cast("long")).withColumn("commitLogOffset", F.lit(None).cast("long")) \
         .withColumn("size", F.lit(None).cast("int")).withColumn("tagsCode", F.lit(None).cast("long"))
@@ -359,7 +476,7 @@ def audit(spark: SparkSession, stores: Sequence[str], *, split_size: int = S.DEF
     def per_queue(pdf: pd.DataFrame) -> pd.DataFrame:
         store, topic, qid = pdf["store"].iloc[0], pdf["topic"].iloc[0], int(pdf["queueId"].iloc[0])
         u = pdf[pdf["queueOffset"].notna()]
-        ex = A.read_units(store, topic, qid, cq_size[store])
+        ex = A.read_units(roots[store], topic, qid, cq_size[store])
         lo, hi = ends[store]
         found = A.audit_queue(*ex, u["queueOffset"].to_numpy("int64"), u["commitLogOffset"].to_numpy("int64"),
                               u["size"].to_numpy("int64"), u["tagsCode"].to_numpy("int64"), lo, hi)
@@ -370,7 +487,7 @@ def audit(spark: SparkSession, stores: Sequence[str], *, split_size: int = S.DEF
         return out[[f.name for f in _FINDINGS]]
 
     progress("auditing queues")
-    rows = allrows.groupBy("store", "topic", "queueId").applyInPandas(per_queue, _FINDINGS).collect()
+    rows = allrows.groupBy("store", "topic", "queueId").applyInPandas(_in_task(per_queue), _FINDINGS).collect()
     found = [{k: (None if v != v else v) for k, v in r.asDict().items()} for r in rows]
     info = {}
     problems = []
@@ -395,6 +512,7 @@ class RebuildResult:
     end: S.StoreEnd
 
 
+@_maps_task_errors
 def rebuild_cq(spark: SparkSession, store: str, out: str, *, split_size: int = S.DEFAULT_SPLIT_SIZE,
                conf=None, progress: Progress = _quiet) -> RebuildResult:
     """Write ``out/{topic}/{queueId}/{segment}`` — a whole ``consumequeue/`` tree — from the
@@ -408,17 +526,17 @@ def rebuild_cq(spark: SparkSession, store: str, out: str, *, split_size: int = S
     from ..names import is_safe_topic, queue_dir
 
     if S.is_remote(out) or S.is_remote(store):
-        from ..errors import InputError
         raise InputError("rebuild-cq writes with the local ConsumeQueue writer: use local paths "
                          "(or a mounted shared filesystem)")
     from ..storekind import require_writable
 
-    cfg = load_config(store, conf)
+    cfg = load_config(P.local_path(P.absolute_uri(store)), conf)
     require_writable(cfg, "rebuild --consumequeue")  # the new files take the store's geometry
+    out = P.absolute_uri(out)
     O.prepare(out)
-    out_abs = os.path.abspath(out)
+    out_abs = P.local_path(out)
     file_size = cfg.cq_file_size
-    units, st, _, _ = _implied(spark, [store], split_size, progress)
+    units, st, _, _ = _implied(spark, [store], split_size, progress, conf)
     job = uuid.uuid4().hex[:12]
 
     def per_queue(pdf: pd.DataFrame) -> pd.DataFrame:
@@ -443,7 +561,7 @@ def rebuild_cq(spark: SparkSession, store: str, out: str, *, split_size: int = S
 
     progress("writing queues")
     rows = units.groupBy("topic", "queueId").applyInPandas(
-        per_queue, "topic string, queueId int, units long, first long").collect()
+        _in_task(per_queue), "topic string, queueId int, units long, first long").collect()
     import shutil
 
     shutil.rmtree(os.path.join(out_abs, "_temporary"), ignore_errors=True)

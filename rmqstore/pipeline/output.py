@@ -38,7 +38,7 @@ def filesystem(uri: str):
     from pyarrow import fs as pafs
 
     if S.is_remote(uri):
-        return pafs.FileSystem.from_uri(uri)
+        return S.arrow_filesystem(uri)
     return pafs.LocalFileSystem(), os.path.abspath(uri[7:] if uri.startswith("file://") else uri)
 
 
