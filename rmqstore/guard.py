@@ -50,11 +50,12 @@ class Survivors:
         return sorted_isin(np.asarray(offsets, np.int64), self.offset)
 
 
-def _records_after(seg: Segment, pos: int, segment_size: int, max_record: int):
+def _records_after(seg: Segment, pos: int, segment_size: int, max_record: int,
+                   limit: int | None = None):
     from .redispatch import split_dispatch
     from .splits import Split
 
-    limit = seg.readable_size
+    limit = seg.readable_size if limit is None else min(limit, seg.readable_size)
     offs, sizes = [], []
     while pos < limit:
         sp = Split(0, "", str(seg.path), 0, seg.start, limit, segment_size, pos, limit,
@@ -72,13 +73,26 @@ def _records_after(seg: Segment, pos: int, segment_size: int, max_record: int):
     return offs, sizes
 
 
-def find_survivors(queue: SegmentQueue, end: int, max_record: int) -> Survivors:
-    """Valid records from ``end`` on, in every segment of ``queue`` (see the module doc)."""
+def find_survivors(queue: SegmentQueue, end: int, max_record: int, *,
+                   data_only: bool = False) -> Survivors:
+    """Valid records from ``end`` on, in every segment of ``queue`` (see the module doc).
+
+    ``data_only``: read each segment only up to its last non-zero byte (and one record
+    beyond, for trailing zero fields), found through its data extents: a reopen's check
+    then costs nothing on a preallocated segment that is all hole."""
+    from .sparse import nonzero_end
+
     offs, sizes = [], []
     for seg in queue.segments:
         if seg.start + seg.readable_size <= end or seg.readable_size <= 0:
             continue
-        o, s = _records_after(seg, max(0, end - seg.start), queue.segment_size, max_record)
+        pos, limit = max(0, end - seg.start), None
+        if data_only:
+            last = nonzero_end(seg.path, pos, seg.readable_size)
+            if last <= pos:
+                continue
+            limit = last + max_record
+        o, s = _records_after(seg, pos, queue.segment_size, max_record, limit)
         offs += o
         sizes += s
     if not offs:

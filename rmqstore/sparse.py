@@ -60,6 +60,26 @@ def data_extents(fd: int, start: int, end: int):
         pos = hole
 
 
+def nonzero_end(path: str | os.PathLike, start: int, end: int) -> int:
+    """One past the last non-zero byte of ``[start, end)`` of a file (``start`` when it is
+    all zeros), read from the end back through the data extents only: a preallocated
+    1 GiB segment's hole costs nothing."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        end = min(end, os.fstat(fd).st_size)
+        for a, b in reversed(list(data_extents(fd, start, end))):
+            while b > a:
+                lo = max(a, b - CHUNK)
+                data = os.pread(fd, b - lo, lo)
+                stripped = data.rstrip(b"\0")
+                if stripped:
+                    return lo + len(stripped)
+                b = lo
+        return start
+    finally:
+        os.close(fd)
+
+
 def allocated_in(path: str | os.PathLike, offset: int, length: int) -> int:
     """Bytes of ``[offset, offset + length)`` that are not holes (an upper bound on what
     a sparse copy of the range takes)."""

@@ -32,14 +32,28 @@ from .codec import Message, parse_properties
 from .commitlog import Check, CommitLog, ScanEnd
 from .config import StoreConfig, load_config
 from .dispatch import DEFER_BYTES, BackgroundDispatcher, Dispatcher
-from .errors import NotAStoreError, RecordError, StoreIOError
+from .errors import NotAStoreError, OffsetError, RecordError, RefusedError, StoreIOError
 from .flush import FlushService, TransientPool
 from .index import IndexGeometry, IndexService, recover_unfinished
+from .guard import Survivors
 from .logics_flush import LogicsFlushService
 from .reput import keys_behind, queue_state
 from .segments import SegmentQueue
 
 DISPATCH_MODES = ("sync", "background", "off")
+
+
+def _zeros_at(queue: SegmentQueue, offset: int) -> bool:
+    """Are the 4 bytes at ``offset`` zeros (read with ``pread``, not through a map)?"""
+    try:
+        seg, pos = queue.find(offset)
+    except OffsetError:
+        return False
+    fd = os.open(seg.path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        return not os.pread(fd, 4, pos).strip(b"\0")
+    finally:
+        os.close(fd)
 
 
 class MessageStore:
@@ -101,24 +115,28 @@ class MessageStore:
         self.physic_timestamp = self.checkpoint.physic_msg_timestamp
         self._cp_lock = threading.Lock()
         self._cp_version = "5.x" if self.v5 else "4.9"
+        size = cfg.mapped_file_size_commit_log
+        geometry = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
+        queue = SegmentQueue(cfg.commit_log_dirs, size, writable=True, kind="commitlog")
+        try:
+            found, offsets, max_phy = self._survey(queue, geometry)
+        except BaseException:
+            queue.close()
+            raise
+        end = found.offset if found is not None else 0
+
+        # Only now does the store change, and only as a broker's start changes it: the
+        # checkpoint it creates (§8.1), abort (§8.2), the segments wholly after the end,
+        # which _survey found to hold no valid record (truncateDirtyFiles, §10.4), and
+        # after a crash what an interrupted write of ours left (module doc).
         if not cp_path.exists():  # the broker creates it, all zeros, when it starts (§8.1)
             ckpt.write_checkpoint(self.root, self.checkpoint, version=self._cp_version)
         ckpt.create_abort(self.root, str(os.getpid()).encode() if self.v5 else b"")
-
-        queue = SegmentQueue(cfg.commit_log_dirs, cfg.mapped_file_size_commit_log,
-                             writable=True, kind="commitlog")
-        bad = [p for p in queue.problems if p.code in ("wrong-size", "misaligned", "gap")]
-        if bad:
-            queue.close()
-            raise RecordError(f"commitlog segment problem: {bad[0].detail}", bad[0].path, bad[0].offset)
-        found = self._find_end(queue)
-        end = found.offset if found is not None else 0
-        size = cfg.mapped_file_size_commit_log
-        # Segments wholly after the end hold nothing valid: the broker deletes them (§10.4).
         queue.delete_from(end - end % size + size)
         self._log_queue = queue
+        if not self.was_clean:
+            clear_unfinished_append(queue, end)
 
-        geometry = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
         if cfg.message_index_enable and not self.was_clean:
             recover_unfinished(cfg.index_dir, geometry)
         index = IndexService(cfg.index_dir, geometry, clock=clock,
@@ -128,13 +146,6 @@ class MessageStore:
         self.dispatcher = Dispatcher(cfg, index=index)
         self.dispatcher.logics_timestamp = self.checkpoint.logics_msg_timestamp
 
-        offsets, max_phy, _ = queue_state(self.root, cfg.cq_file_size)
-        if max_phy > end:
-            raise RecordError("ConsumeQueue units point past the CommitLog's end "
-                              f"({max_phy} > {end}); repair the store first", self.root, end)
-        if not self.was_clean:
-            # Only now: a store refused above keeps every byte.
-            clear_unfinished_append(queue, end)
         reput_from = max(queue.min_offset, max_phy)
         if queue.segments and (reput_from < end or not self.was_clean):
             with CommitLog(cfg) as log_view:  # read-only maps: see _find_end
@@ -217,6 +228,57 @@ class MessageStore:
         self._put_message = self.appender.put_message  # the single put's fast path
         if not self._sync_flush:
             self.put = self._quick_put()
+
+    def _survey(self, queue: SegmentQueue, geometry: IndexGeometry
+                ) -> tuple[ScanEnd | None, dict, int]:
+        """Everything that can refuse the store, read before anything changes, so a refused
+        open leaves every byte as it was: (the end of valid data, the next queue offsets,
+        the ConsumeQueues' max physical end). Refused is what a broker's recovery would not do, or would do only
+        by destroying valid data; ``rmqstore repair`` plans it with a backup (spec §10.4):
+
+        * segments of the wrong size, misaligned or with a gap (the broker refuses to load);
+        * ConsumeQueue units pointing past the end (the broker would cut them);
+        * CRC-valid records after the end that the reopen would delete (segments wholly
+          after it) or the next append overwrite (the rest of the end segment), unless
+          they are the unfinished append of a writer of ours that died (zeros at the end,
+          after a crash: :func:`~rmqstore.append.clear_unfinished_append`);
+        * IndexFiles this geometry cannot open.
+        """
+        from .guard import find_survivors
+
+        cfg = self.config
+        bad = [p for p in queue.problems if p.code in ("wrong-size", "misaligned", "gap")]
+        if bad:
+            raise RecordError(f"commitlog segment problem: {bad[0].detail}", bad[0].path, bad[0].offset)
+        found = self._find_end(queue)
+        end = found.offset if found is not None else 0
+        offsets, max_phy, _ = queue_state(self.root, cfg.cq_file_size)
+        if max_phy > end:
+            raise RefusedError(f"ConsumeQueue units point past the CommitLog's end ({max_phy} > "
+                               f"{end}); nothing was changed: run `rmqstore repair`, which "
+                               "cuts them as a broker's recovery does (spec §10.4)", self.root, end)
+        size = cfg.mapped_file_size_commit_log
+        surv = find_survivors(queue, end, cfg.max_message_size + 65536, data_only=True)
+        if len(surv) and not self.was_clean:
+            ours = _zeros_at(queue, end)
+            if ours:  # an interrupted append: cleared, as after our own crash
+                surv = Survivors(surv.offset[surv.offset >= end - end % size + size])
+        if len(surv):
+            first = int(surv.offset[0])
+            raise RefusedError(
+                f"{len(surv)} CRC-valid record(s) lie after the end of valid data {end} (first "
+                f"at CommitLog offset {first}): the record chain breaks before them, and "
+                "opening for writing would delete or overwrite them; nothing was changed: run "
+                "`rmqstore repair` (it keeps them unless told --allow-data-loss)", self.root, first)
+        if cfg.message_index_enable and cfg.index_dir.is_dir():
+            from .index import IndexFile, _list_index_files
+
+            files = _list_index_files(cfg.index_dir)
+            for i, p in enumerate(files):
+                if i == len(files) - 1 and not self.was_clean and p.stat().st_size == 0:
+                    continue  # killed between create and sizing: recover_unfinished drops it
+                IndexFile(p, geometry).close()
+        return found, offsets, max_phy
 
     def _find_end(self, queue: SegmentQueue) -> ScanEnd | None:
         """End of valid data (spec §10.1): from the third-to-last segment after a clean
