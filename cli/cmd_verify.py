@@ -105,7 +105,7 @@ def repair(
     backup: Optional[Path] = typer.Option(None, "--backup", help="A new directory, outside the store, for every byte changed and the journal (default: STORE.rmqstore-backup-<time>, beside the store)."),
     no_backup: bool = typer.Option(False, "--no-backup", help="Do not save what is changed (no undo; the journal still says what ran)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-    allow_data_loss: bool = typer.Option(False, "--allow-data-loss", help="Run the plan even where a step would remove CRC-valid records (or the units pointing at them) that lie after a break in the record chain, or cut queues while the CommitLog is missing; refused (exit 2) otherwise."),
+    allow_data_loss: bool = typer.Option(False, "--allow-data-loss", help="Run the plan even where a step would remove CRC-valid records (or the units pointing at them) that lie after a break in the record chain, cut queues while the CommitLog is missing, or, with --no-backup, delete a file holding CRC-valid records; refused (exit 2) otherwise."),
     config: Optional[Path] = ConfigOption,
     *, out: Output,
 ) -> None:
@@ -148,7 +148,7 @@ def repair(
             pass
         out.record({"store": str(root)}, items=False, table=False)
     else:
-        plan = plan_repair(root, config=_config(store, config, "repair"))
+        plan = plan_repair(root, config=_config(store, config, "repair"), backup=not no_backup)
         _show_steps(plan, out)
         if plan.steps and plan.refused and not allow_data_loss:
             raise plan.refusal()

@@ -14,7 +14,7 @@ from pathlib import Path
 from . import layout as L
 from .config import PROPERTY_NAMES, SEGMENT_NAME
 from .errors import ConfigError
-from .listing import entries as list_entries
+from .listing import LONG_MAX, entries as list_entries
 
 
 @dataclass
@@ -43,7 +43,7 @@ def segment_size(directories) -> SizeDecision | None:
         except OSError:
             continue
         for e in found:
-            if SEGMENT_NAME.match(e.name) and e.kind == "file":
+            if SEGMENT_NAME.match(e.name) and e.kind == "file" and int(e.name) <= LONG_MAX:
                 files.append((int(e.name), e.path, e.size))
     sized = [(s, p, n) for s, p, n in files if n > 0]
     if not sized:
@@ -62,10 +62,12 @@ def segment_size(directories) -> SizeDecision | None:
 
 
 def queue_dirs(root: Path) -> list[Path]:
-    base = root / "consumequeue"
+    """The queue directories verify reads (``consumequeue/{topic}/{queueId}``): files in
+    a directory of another name are strays, and must not decide the geometry."""
+    from .consumequeue import list_queues
+
     try:
-        return [q.path for t in list_entries(base) if t.kind == "dir"
-                for q in list_entries(t.path) if q.kind == "dir"]
+        return [q.path for q in list_queues(root).queues]
     except OSError:
         return []
 

@@ -103,6 +103,71 @@ def find_survivors(queue: SegmentQueue, end: int, max_record: int, *,
     return Survivors(off[order], size[order])
 
 
+def first_record_in(path: Path, max_record: int, start: int = 0,
+                    stop: int | None = None) -> tuple[Path, int] | None:
+    """(file, position) of the first CRC-valid record in ``[start, stop)`` of a file, or in
+    any regular file under a directory (links and special files are not opened), or None.
+
+    For bytes whose name or place says nothing of their CommitLog offset (a stray file, a
+    segment copied or renamed, a range after the end): a record is a magic code, lengths
+    that add up by the §3.9 rules and a body matching its CRC, wherever it stands;
+    PHYSICALOFFSET is not asked to match."""
+    import os
+    import stat as st_
+
+    from .codec import decode_record
+    from .errors import RecordError
+    from .layout import MESSAGE_MAGICS
+    from .mapped import map_read
+
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    if st_.S_ISDIR(info.st_mode):
+        try:
+            names = sorted(os.listdir(path))
+        except OSError:
+            return None
+        for n in names:
+            hit = first_record_in(Path(path) / n, max_record)
+            if hit is not None:
+                return hit
+        return None
+    if not st_.S_ISREG(info.st_mode) or info.st_size == 0:
+        return None
+    stop = info.st_size if stop is None else min(stop, info.st_size)
+    magics = [m.to_bytes(4, "big", signed=True) for m in MESSAGE_MAGICS]
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        try:
+            buf = map_read(fd, 0, path)
+        except (OSError, ValueError):
+            return None
+        try:
+            nxt = {m: buf.find(m, start + 4, stop) for m in magics}
+            while True:
+                live = [(at, m) for m, at in nxt.items() if at >= 0]
+                if not live:
+                    break
+                at, m = min(live)
+                p = at - 4
+                try:
+                    decode_record(buf, p, limit=min(stop, p + max_record), check_crc=True)
+                    return Path(path), p
+                except (RecordError, ValueError, IndexError):
+                    pass
+                nxt[m] = buf.find(m, at + 1, stop)
+        finally:
+            buf.close()
+    finally:
+        os.close(fd)
+    return None
+
+
 def uncovered(queue: SegmentQueue, offsets: np.ndarray) -> np.ndarray:
     """Which ``offsets`` no segment file's range ``[start, start + segment size)`` holds:
     units pointing there point at files that are not on disk."""

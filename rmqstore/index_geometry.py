@@ -74,8 +74,13 @@ def slots_for(size: int, entries: int) -> int | None:
 
 
 def _list(index_dir: Path) -> list[Path]:
+    """The files verify takes for IndexFiles (17-digit names): a stray file there (a
+    segment copied in, say) is moved away by repair and must not decide the geometry."""
+    from .listing import offset_name
+
     try:
-        return [e.path for e in list_entries(index_dir) if e.kind == "file" and e.name.isdigit()]
+        return [e.path for e in list_entries(index_dir)
+                if e.kind == "file" and offset_name(e.name, 17) is not None]
     except OSError:
         return []
 

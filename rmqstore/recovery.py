@@ -116,12 +116,14 @@ def default_backup_dir(root: Path) -> Path:
 
 
 def plan_repair(root: str | os.PathLike, *, config: StoreConfig | None = None,
-                report: VerifyReport | None = None, processes: int | None = None) -> RepairPlan:
+                report: VerifyReport | None = None, processes: int | None = None,
+                backup: bool = True) -> RepairPlan:
     """The steps :func:`repair` would take, from a fresh verify unless one is given.
 
     Only steps whose execution resolves their finding are planned (so a second run has
     nothing to do); what no step can fix is in ``unfixed`` with the reason, and steps
-    that would remove valid data are listed in ``refused`` (see :mod:`rmqstore.guard`)."""
+    that would remove valid data are listed in ``refused`` (see :mod:`rmqstore.guard`);
+    without a ``backup`` that includes every step deleting CRC-valid records."""
     from .storekind import require_writable
 
     root = Path(root)
@@ -159,7 +161,7 @@ def plan_repair(root: str | os.PathLike, *, config: StoreConfig | None = None,
         why = _UNFIXED.get(f.code)
         if why:
             unfixed.append((f, why))
-    refused = _guard(root, cfg, rep, steps)
+    refused = _guard(root, cfg, rep, steps, backup)
     return RepairPlan(str(root), steps, rep, unfixed, refused)
 
 
@@ -316,8 +318,12 @@ class _QueuePlan:
         for q in sorted(self.ok_rebuild):
             f = self.rebuild[q]
             why = f.code if f.code != "stray-file" else "a stray file inside it"
+            what = ("rebuild this queue from the records" if self._units(q) is not None else
+                    "no valid record belongs to this queue: its units go to the backup and "
+                    "its directory stays, empty (a broker's recovery truncates a queue, "
+                    "never deletes it, §10.4)")
             out.append(Step("rebuild-queue", q, f"units disagree with the CommitLog ({why}): "
-                            "rebuild this queue from the records"))
+                            f"{what}"))
         for f in self.by_code.get("cq-beyond-end", []):
             q = _queue_of(f.file)
             if q and q not in self.rebuild and not self.blocked(q):
@@ -366,15 +372,56 @@ class _QueuePlan:
         return None
 
 
-def _guard(root: Path, cfg, rep: VerifyReport, steps: list[Step]) -> list[tuple[Step, str]]:
+#: Steps that delete or zero bytes of files that may hold records; without a backup
+#: nothing keeps those bytes.
+_LOSSY_WITHOUT_BACKUP = ("move-stray", "remove-leftover", "move-segment", "zero-tail")
+
+
+def _guard(root: Path, cfg, rep: VerifyReport, steps: list[Step],
+           backup: bool = True) -> list[tuple[Step, str]]:
     """The steps that would remove more than the damage justifies (:mod:`rmqstore.guard`):
 
     1. ``zero-tail``/``move-segment`` over CRC-valid records found after the verified end
        (a chain break before intact data, not a torn write);
     2. ``cut-queue``/``rebuild-queue`` dropping units that point at such records, or at
        offsets no segment file holds, or any unit at all when no CommitLog segment holds
-       a byte (a missing or empty commitlog/).
+       a byte (a missing or empty commitlog/);
+    3. without a backup, any step of :data:`_LOSSY_WITHOUT_BACKUP` over bytes holding a
+       CRC-valid record wherever it stands (a segment renamed or copied to a stray name
+       or place, records whose PHYSICALOFFSET is not their position): with a backup
+       they are kept there, without one they are gone.
     """
+    refused = _guard_evidence(root, cfg, rep, steps)
+    if not backup:
+        done = {id(s) for s, _ in refused}
+        for s in steps:
+            if s.action in _LOSSY_WITHOUT_BACKUP and id(s) not in done:
+                why = _no_backup_loss(root, cfg, s)
+                if why:
+                    refused.append((s, why))
+    return refused
+
+
+def _no_backup_loss(root: Path, cfg, s: Step) -> str | None:
+    from .guard import first_record_in
+
+    if not s.path:
+        return None
+    p = Path(s.path) if os.path.isabs(s.path) else root / s.path
+    start, stop = (s.offset or 0, (s.offset or 0) + (s.length or 0)) \
+        if s.action == "zero-tail" else (0, None)
+    hit = first_record_in(p, cfg.max_message_size + 65536, start, stop)
+    if hit is None:
+        return None
+    f, pos = hit
+    where = f.relative_to(root) if f.is_relative_to(root) else f
+    return (f"{where} holds CRC-valid records (the first at byte {pos}) and without a "
+            "backup nothing keeps what this step removes: repair with a backup (the "
+            "default), or check the file by hand")
+
+
+def _guard_evidence(root: Path, cfg, rep: VerifyReport, steps: list[Step]) -> list[tuple[Step, str]]:
+    """Rules 1 and 2 of :func:`_guard`."""
     risky = [s for s in steps if s.action in ("zero-tail", "move-segment", "cut-queue",
                                               "rebuild-queue")]
     if not risky:
@@ -510,7 +557,7 @@ def repair(root: str | os.PathLike, *, dry_run: bool = False, backup_dir: str | 
     root = Path(root).resolve()
     if dry_run:
         cfg = config or load_config(root, conf)
-        plan = plan or plan_repair(root, config=cfg, processes=processes)
+        plan = plan or plan_repair(root, config=cfg, processes=processes, backup=backup)
         return RepairResult(plan, False, None, time.perf_counter() - t0,
                             resumed=J.find_interrupted(root))
     if backup_dir is not None and backup:
@@ -522,7 +569,7 @@ def repair(root: str | os.PathLike, *, dry_run: bool = False, backup_dir: str | 
         cfg = config or load_config(root, conf)
         if config is not None and resumed is not None and resumed.outcome == "undone":
             cfg = _reload(root, config)
-        plan = plan_repair(root, config=cfg, processes=processes)
+        plan = plan_repair(root, config=cfg, processes=processes, backup=backup)
         if not plan.steps:
             return RepairResult(plan, False, None, time.perf_counter() - t0, resumed=resumed)
         if plan.refused and not allow_data_loss:

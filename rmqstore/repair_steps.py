@@ -24,7 +24,7 @@ from .consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, effective_file
 from .errors import RefusedError, UnsafePathError
 from .index import IndexGeometry, IndexService, _list_index_files
 from .journal import Journal, confine, is_dir
-from .sparse import BLOCK, CHUNK, allocated, allocated_in, is_zero
+from .sparse import BLOCK, CHUNK, allocated, allocated_in, fsync_dir, is_zero
 
 #: Steps that take a path out of the store (into the backup).
 MOVES = {"remove-leftover", "move-stray", "move-segment", "remove-index"}
@@ -364,6 +364,12 @@ def run(step, ctx: StepContext, items: list[dict], j: Journal) -> None:
             from .consumequeue import build_consume_queue
 
             build_consume_queue(p, *units, ctx.cfg.cq_file_size, fsync=True)
+        else:
+            # No valid record of this queue: its units go, its directory stays, as a
+            # broker's recovery truncates a queue (truncateDirtyLogicFiles, §10.4) and
+            # never deletes the directory.
+            os.mkdir(p)
+            fsync_dir(p.parent)
     elif a == "dispatch-queue":
         units = ctx.d.units.get(_queue(step))
         if units is not None:

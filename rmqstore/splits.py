@@ -124,10 +124,14 @@ class StoreFiles:
     delay_millis: tuple[int, ...]
 
 
-def list_store(store: str, *, segment_size: int | None = None, conf=None) -> StoreFiles:
+def list_store(store: str, *, segment_size: int | None = None, conf=None,
+               config=None) -> StoreFiles:
     """The CommitLog files of a store root (local path or URI), with the geometry the
     readers need. Local stores take geometry from :func:`rmqstore.config.load_config`
-    (broker.conf > files > defaults); remote ones from the file lengths."""
+    (broker.conf > files > defaults), or from ``config``, the
+    :class:`~rmqstore.config.StoreConfig` a reader already uses: its CommitLog
+    directories (``storePathCommitLog``) are the ones listed, and their files gave its
+    geometry; remote ones from the file lengths."""
     from .config import load_config
     from .listing import LONG_MAX, entries, offset_name
 
@@ -136,7 +140,10 @@ def list_store(store: str, *, segment_size: int | None = None, conf=None) -> Sto
         if not os.path.isdir(root):
             raise NotAStoreError("no such store directory", store)
         overrides = {"mapped_file_size_commit_log": segment_size} if segment_size else None
-        cfg = load_config(root, conf, overrides)
+        if config is not None:
+            cfg = config.with_values(**overrides) if overrides else config
+        else:
+            cfg = load_config(root, conf, overrides)
         found: dict[int, tuple[str, int]] = {}
         for d in cfg.commit_log_dirs:
             for e in entries(d):  # links inside the store are not followed

@@ -112,13 +112,14 @@ def _stats_task(split):
 
 
 def commitlog_stats(store: str, *, split_size: int | None = None, processes: int | None = None,
-                    conf=None):
+                    conf=None, config=None):
     """(per-queue stats, where valid data ends) for one store, without Spark: the same
     splits and merge the Spark job uses. ``processes`` defaults to every core for stores
-    large enough to gain from it."""
+    large enough to gain from it. ``config`` (a StoreConfig) is used as it is, else one
+    is loaded from ``conf`` and the files."""
     from .splits import DEFAULT_SPLIT_SIZE, list_store, plan_splits, run_local
 
-    files = list_store(store, conf=conf)
+    files = list_store(store, conf=conf, config=config)
     splits = plan_splits([files], split_size or DEFAULT_SPLIT_SIZE)
     if processes is None:
         total = sum(s.end - s.begin for s in splits)
@@ -128,12 +129,16 @@ def commitlog_stats(store: str, *, split_size: int | None = None, processes: int
 
 
 def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
-    """Everything ``rmqstore stats`` reports for a :class:`~rmqstore.reader.StoreReader`."""
+    """Everything ``rmqstore stats`` reports for a :class:`~rmqstore.reader.StoreReader`,
+    from the reader's configuration (``conf`` is not read again: the reader's has it)."""
     from .checkpoint import abort_exists, read_checkpoint
 
     cl = reader.commitlog
     root = str(reader.root)
-    queues, end = commitlog_stats(root, processes=processes, conf=conf) if cl.segments else ([], None)
+    # The reader's configuration: the CommitLog directories it reads and their geometry
+    # (a storePathCommitLog elsewhere than STORE/commitlog, spec §1.1).
+    queues, end = commitlog_stats(root, processes=processes, config=reader.config) \
+        if cl.segments else ([], None)
     commit_log = {"minOffset": cl.min_offset,
                   "maxOffset": end.end_offset if end else cl.min_offset,
                   "messages": sum(q.count for q in queues), "bytes": sum(q.bytes for q in queues),

@@ -193,6 +193,53 @@ def test_storepathcommitlog_may_list_the_stores_own_commitlog(basic, tmp_path):
     assert code == 0 and json.loads(out)["messages"] == BASIC_MESSAGES, err
 
 
+@pytest.mark.parametrize("layout", ["relocated", "with-own"])
+def test_stats_count_from_the_commitlog_directories_read(basic, tmp_path, layout):
+    """storePathCommitLog elsewhere, no mappedFileSizeCommitLog in broker.conf: the stats
+    library call listed STORE/commitlog again (none, or one segment of 64 KiB), so the
+    queues had 8 messages instead of 50 (fixtures README: 50 each, TopicHot 200)."""
+    from rmqstore.reader import open_store
+    from rmqstore.stats import store_stats
+
+    a, b = tmp_path / "disk1" / "commitlog", tmp_path / "disk2" / "commitlog"
+    _split_commitlog(basic, a, b)
+    dirs = [a, b]
+    if layout == "with-own":
+        (basic / "commitlog").mkdir()
+        one = sorted(b.iterdir())[0]
+        shutil.move(str(one), basic / "commitlog" / one.name)
+        dirs.append(basic / "commitlog")
+    c = conf(tmp_path, f"storePathCommitLog={','.join(map(str, dirs))}\n")
+    with open_store(basic, c) as r:
+        s = store_stats(r)
+    assert s["commitLog"]["messages"] == BASIC_MESSAGES
+    assert {(q["topic"], q["queueId"]): q["messages"] for q in s["queues"]} == {
+        ("TopicA", 0): 50, ("TopicA", 1): 50, ("TopicA", 2): 50, ("TopicA", 3): 50,
+        ("TopicB", 0): 50, ("TopicB", 1): 50, ("TopicHot", 0): 200}
+    code, out, err = cli("stats", basic, "-c", c, "-f", "json")
+    assert code == 0 and [q["messages"] for q in json.loads(out)["queues"]] == [50] * 6 + [200]
+
+
+def test_strays_do_not_decide_the_geometry(basic, tmp_path):
+    """A segment copied into index/ (a 20-digit name) or into a directory under a topic
+    that is no queue id: verify calls them strays and repair moves them, so they must not
+    decide the IndexFile or ConsumeQueue geometry (they made both wrong)."""
+    want = load_config(basic)
+    seg = sorted((basic / "commitlog").iterdir())[0]
+    shutil.copy(seg, basic / "index" / seg.name)
+    (basic / "consumequeue" / "TopicA" / "odd").mkdir()
+    shutil.copy(seg, basic / "consumequeue" / "TopicA" / "odd" / f"{0:020d}")
+    cfg = load_config(basic)
+    names = ("mapped_file_size_commit_log", "mapped_file_size_consume_queue",
+             "max_hash_slot_num", "max_index_num")
+    assert {n: getattr(cfg, n) for n in names} == {n: getattr(want, n) for n in names}
+    assert cfg.undetermined == {} and cfg.warnings == want.warnings
+    code, out, err = cli("repair", basic, "--dry-run", "-f", "json")
+    assert code == 1, err
+    assert {(s["action"], s["path"]) for s in json.loads(out)["steps"]} >= {
+        ("move-stray", f"index/{seg.name}"), ("move-stray", "consumequeue/TopicA/odd")}
+
+
 def test_two_commitlogs_are_ambiguous(basic, tmp_path):
     elsewhere = copy_store(_fixture("rocketmq-4.9.8", "unicode"), tmp_path / "other")
     c = conf(tmp_path, f"storePathCommitLog={elsewhere / 'commitlog'}\n")
