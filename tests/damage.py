@@ -842,6 +842,7 @@ def index_flip(c: Case, rng):
 
 @damage("index")
 def index_truncate(c: Case, rng):
+    """An IndexFile cut short: to 0, inside the 40-byte header, after it, anywhere."""
     p = _pick(rng, c.index_files(), "index file")
     n = rng.choice([0, 39, 40, rng.randrange(max(1, p.stat().st_size))])
     os.truncate(p, n)
@@ -850,6 +851,7 @@ def index_truncate(c: Case, rng):
 
 @damage("index")
 def index_missing(c: Case, rng):
+    """An IndexFile deleted (first, middle or last)."""
     p = _pick(rng, c.index_files(), "index file")
     p.unlink()
     c.note(f"index-missing: {c.rel(p)}")

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -223,6 +224,43 @@ def summary(results: list[CaseResult]) -> str:
     return "\n".join(lines)
 
 
+def _symptom_key(text: str) -> str:
+    """A symptom with paths, numbers and quoted names blurred, to group alike failures."""
+    t = re.sub(r"/\S*?/sandbox/(n1/n2/n3/n4/n5/)?", "<sandbox>/", text)
+    t = re.sub(r"'[^']*'", "'…'", t)
+    t = re.sub(r"\d+", "N", t)
+    return t[:160]
+
+
+def findings_markdown(results: list[CaseResult]) -> str:
+    """Failures grouped by kind and symptom: count, damage kinds, an example to replay."""
+    groups: dict[tuple, list] = {}
+    for r in results:
+        for f in r.failures:
+            groups.setdefault((f.kind, r.mode, _symptom_key(f"{f.command}: {f.symptom}")), []).append((r, f))
+    out = []
+    order = {k: i for i, k in enumerate(FAILURE_KINDS)}
+    kind = None
+    for key in sorted(groups, key=lambda k: (order.get(k[0], 99), -len(groups[k]), k)):
+        items = groups[key]
+        if key[0] != kind:
+            kind = key[0]
+            out.append(f"\n### {kind}: {FAILURE_KINDS.get(kind, '')}\n")
+            out.append("| count | mode | damage kinds | example seed | command: symptom |")
+            out.append("|---|---|---|---|---|")
+        r, f = items[0]
+        dk = Counter(k for x, _ in items for k in x.kinds)
+        kinds = ", ".join(f"{k} {n}" for k, n in dk.most_common(4))
+        sym = f"{f.command}: {f.symptom}".replace("|", "\\|")[:220]
+        out.append(f"| {len(items)} | {key[1]} | {kinds} | {r.seed} (`{r.base}`, "
+                   f"`--kinds {','.join(r.kinds)}`) | {sym} |")
+    return "\n".join(out)
+
+
+def load_results(path: Path) -> list[CaseResult]:
+    return [_result_from(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.damage", description=__doc__.split("\n\n")[0])
     ap.add_argument("--stores", type=int, default=0, help="damaged stores checked through the library")
@@ -238,17 +276,25 @@ def main(argv=None) -> int:
     ap.add_argument("--base", default=None, help="base store name (default: the seed's)")
     ap.add_argument("--keep", action="store_true", help="keep the work directories of failing cases")
     ap.add_argument("--list", action="store_true", help="list damage kinds and bases, then exit")
+    ap.add_argument("--from", dest="source", type=Path, default=None,
+                    help="do not run: summarise the results of an earlier --out file")
+    ap.add_argument("--findings", action="store_true",
+                    help="with --from: print the failures grouped by kind and symptom (Markdown)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--seeds", default="", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     kinds = a.kinds.split(",") if a.kinds else None
-    workdir = a.workdir or Path(tempfile.mkdtemp(prefix="rmqstore-fuzz-"))
-    workdir.mkdir(parents=True, exist_ok=True)
     if a.list:
         for g, ks in D.GROUPS.items():
             print(f"{g}: {', '.join(ks)}")
         print("bases:", ", ".join(FS.base_names()))
         return 0
+    if a.source:
+        results = load_results(a.source)
+        print(findings_markdown(results) if a.findings else summary(results))
+        return 0
+    workdir = a.workdir or Path(tempfile.mkdtemp(prefix="rmqstore-fuzz-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     if a.worker:
         worker(a.mode, [int(s) for s in a.seeds.split(",") if s], workdir, kinds, a.base, a.keep)
         return 0

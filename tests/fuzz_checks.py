@@ -113,9 +113,22 @@ def repro(r: CaseResult) -> str:
 # --- snapshots ---------------------------------------------------------------------------
 
 
-def _sha(p: str) -> str:
+_SHA_CACHE: dict[tuple, str] = {}
+
+
+def _sha(p: str, st: os.stat_result) -> str:
+    # Big files (a repair's 420 MB IndexFile) are hashed once per version: any write
+    # changes ctime, so (inode, size, mtime, ctime) names the content.
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if st.st_size > (1 << 20) and key in _SHA_CACHE:
+        return _SHA_CACHE[key]
     with open(p, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    if st.st_size > (1 << 20):
+        if len(_SHA_CACHE) > 256:
+            _SHA_CACHE.clear()
+        _SHA_CACHE[key] = digest
+    return digest
 
 
 def tree_state(root: Path, *, content: bool = True) -> dict[str, tuple]:
@@ -134,7 +147,7 @@ def tree_state(root: Path, *, content: bool = True) -> dict[str, tuple]:
         elif stat.S_ISDIR(m):
             v = ("dir", stat.S_IMODE(m))
         elif stat.S_ISREG(m):
-            v = ("file", st.st_size, stat.S_IMODE(m), _sha(p) if content else None)
+            v = ("file", st.st_size, stat.S_IMODE(m), _sha(p, st) if content else None)
         else:
             v = ("special", stat.S_IFMT(m))
         out[rel] = v + (st.st_mtime_ns,)

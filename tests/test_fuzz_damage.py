@@ -213,6 +213,31 @@ def test_kill_boot_counts_write_operations_and_kills(work):
     assert p.returncode == -9
 
 
+def test_restore_checks_switch_on_when_restore_exists(monkeypatch, tmp_path):
+    """No restore on main yet: the adapters that call it once it exists, with fakes."""
+    calls = []
+    mod = type(sys)("rmqstore_fake_restore")
+
+    def restore(backup, store, *, yes=False):
+        calls.append((backup, store))
+    mod.restore = restore
+    monkeypatch.setitem(sys.modules, "rmqstore_fake_restore", mod)
+    monkeypatch.setattr(F, "_FEATURES", {"restore_lib": "rmqstore_fake_restore.restore",
+                                         "restore_cli": {"arguments": ["backup"], "options": ["--yes", "-y"]}})
+    F.restore_lib(tmp_path / "b", tmp_path / "s")
+    assert calls == [(tmp_path / "b", tmp_path / "s")]
+    assert F.restore_cli_args(tmp_path / "b", tmp_path / "s") == ["restore", str(tmp_path / "b"), "--yes"]
+    monkeypatch.setattr(F, "_FEATURES", None)
+    found = F.features()
+    assert set(found) == {"restore_lib", "restore_cli"}
+
+
+def test_reliability_page_names_every_damage_and_failure_kind():
+    text = (FS.REPO / "docs" / "reliability.md").read_text(encoding="utf-8")
+    missing = [k for k in [*D.ALL_KINDS, *F.FAILURE_KINDS] if f"`{k}`" not in text]
+    assert not missing, f"docs/reliability.md does not describe {missing}"
+
+
 # --- the quick fuzz run ---------------------------------------------------------------------------
 
 
