@@ -96,6 +96,7 @@ def campaign(mode: str, seeds, target: int, workdir: Path, jobs: int, *, kinds=N
     """Run cases of ``mode`` from ``seeds`` in ``jobs`` worker processes until ``count``
     reaches ``target``. A worker that dies or stalls is replaced; its case is a failure."""
     seeds = iter(seeds)
+    workdir.mkdir(parents=True, exist_ok=True)
     results: list[CaseResult] = []
     done = 0
     chunk = 10
@@ -110,8 +111,10 @@ def campaign(mode: str, seeds, target: int, workdir: Path, jobs: int, *, kinds=N
             cmd += ["--base", base]
         if keep:
             cmd.append("--keep")
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        log = open(workdir / f"worker-{mode}-{batch[0]}.log", "w")  # a harness bug's traceback lands here
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                              cwd=FS.REPO, env=dict(os.environ, PYTHONPATH=str(FS.REPO)))
+        log.close()
         os.set_blocking(p.stdout.fileno(), False)
         workers[p] = {"batch": list(batch), "current": None, "since": time.monotonic(), "buf": ""}
 
