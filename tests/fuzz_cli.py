@@ -283,18 +283,20 @@ def run_cli_case(c: FS.Case, res: CaseResult, work: Path, rng) -> None:
 # --- kills ---------------------------------------------------------------------------------------------
 
 #: Runs ``rmqstore`` counting the calls that change the file system; SIGKILLs itself just
-#: before call number RMQSTORE_FUZZ_KILL_AT (0: never) and writes at exit the count and
-#: the times of the first and last such call (seconds after start).
+#: before call number RMQSTORE_FUZZ_KILL_AT (0: never) and writes at exit the count, the
+#: times of the first and last such call (seconds after start) and which were fsyncs.
 KILL_BOOT = r"""
 import builtins, io, os, signal, sys, time
 T0 = time.monotonic()
 K = int(os.environ["RMQSTORE_FUZZ_KILL_AT"])
 OUT = os.environ.get("RMQSTORE_FUZZ_OPS")
 _open, _write, _close = os.open, os.write, os.close
-n, first, last = 0, 0.0, 0.0
-def tick():
+n, first, last, synced = 0, 0.0, 0.0, []
+def tick(name):
     global n, first, last
     n += 1
+    if name in ("fsync", "fdatasync"):
+        synced.append(n)
     last = time.monotonic() - T0
     first = first or last
     if n == K:
@@ -305,7 +307,7 @@ def wrap(mod, name, pred=None):
         return
     def w(*a, **k):
         if pred is None or pred(*a, **k):
-            tick()
+            tick(name)
         return f(*a, **k)
     setattr(mod, name, w)
 W = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -319,7 +321,7 @@ io.open = builtins.open
 def done():
     if OUT:
         fd = _open(OUT, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        _write(fd, f"{n} {first} {last}".encode())
+        _write(fd, f"{n} {first} {last} {','.join(map(str, synced))}".encode())
         _close(fd)
 import atexit
 atexit.register(done)
@@ -364,14 +366,19 @@ def run_kill_case(c: FS.Case, res: CaseResult, work: Path, rng, per_case: int = 
     ops = work / "ops"
     env = dict(cli_env(c), RMQSTORE_FUZZ_KILL_AT="0", RMQSTORE_FUZZ_OPS=str(ops))
     p = subprocess.run(args, cwd=c.sandbox / "cwd", env=env, capture_output=True, timeout=TIMEOUT_CLI)
-    n, first, last = (ops.read_text().split() + ["0", "0", "0"])[:3] if ops.exists() else (0, 0, 0)
-    n, first, last = int(n), float(first), float(last)
+    words = ops.read_text().split() if ops.exists() else ["0", "0", "0"]
+    n, first, last = int(words[0]), float(words[1]), float(words[2])
+    durable = [int(x) + 1 for x in (words[3].split(",") if len(words) > 3 else []) if int(x) < n]
     if p.returncode != 0 or n == 0 or not diff_states(pristine, tree_state(c.store), ignore=NOT_LOCK, times=False):
         res.skipped = f"repair has nothing to do or refuses (exit {p.returncode}, {n} operations)"
         return
     # Kill points: before operation k (the boundaries between file-system changes, which
     # include every step boundary), and at random times while the repair is writing.
-    points = sorted(rng.sample(range(1, n + 1), min(n, per_case - 2)))
+    # Half of them right after an fsync (where a step's effect is durable: a step boundary
+    # of a journaled repair), half anywhere.
+    after_sync = rng.sample(durable, min(len(durable), (per_case - 2) // 2))
+    anywhere = [k for k in range(1, n + 1) if k not in after_sync]
+    points = sorted(after_sync + rng.sample(anywhere, min(len(anywhere), per_case - 2 - len(after_sync))))
     plan = [("op", k) for k in points] + [("time", rng.uniform(first, max(first, last))) for _ in range(2)]
     for how, at in plan:
         _reset(c, template)
