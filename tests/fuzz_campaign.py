@@ -24,7 +24,7 @@ from pathlib import Path
 
 import damage as D
 import fuzz_store as FS
-from fuzz_checks import FAILURE_KINDS, CaseResult, Failure, features, run_library_case
+from fuzz_checks import FAILURE_KINDS, CaseResult, Failure, _where, features, run_library_case
 from fuzz_cli import KILL_KINDS, run_cli_case, run_kill_case
 
 
@@ -48,9 +48,14 @@ def run_case(seed: int, mode: str, workdir: Path, *, kinds=None, base=None, cach
         res.skipped = f"not applicable: {e}"
         shutil.rmtree(work, ignore_errors=True)
         return res
+    except Exception as e:  # noqa: BLE001 - reported, so a harness bug is never silent
+        res.fail("harness-error", "make_case", f"{type(e).__name__}: {e}{_where(e)}")
+        return res
     res.base, res.kinds, res.applied = c.base.name, list(c.kinds), list(c.applied)
     try:
         {"lib": run_library_case, "cli": run_cli_case, "kill": run_kill_case}[mode](c, res, work, rng)
+    except Exception as e:  # noqa: BLE001 - rmqstore's errors are caught where it is called
+        res.fail("harness-error", mode, f"{type(e).__name__}: {e}{_where(e, 'tests')}")
     finally:
         _unlock_all(work)
         if not (keep and res.failures):

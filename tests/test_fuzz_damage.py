@@ -232,6 +232,17 @@ def test_restore_checks_switch_on_when_restore_exists(monkeypatch, tmp_path):
     assert set(found) == {"restore_lib", "restore_cli"}
 
 
+def test_a_harness_bug_is_reported_not_swallowed(monkeypatch, work):
+    import fuzz_campaign
+
+    def broken(c, res, work, rng):
+        raise ZeroDivisionError("harness bug")
+    monkeypatch.setattr(fuzz_campaign, "run_library_case", broken)
+    r = run_case(1, "lib", work, kinds=["none"], base="gen-400", cache=work / "bases")
+    assert [f.kind for f in r.failures] == ["harness-error"]
+    assert "ZeroDivisionError: harness bug" in r.failures[0].symptom
+
+
 def test_reliability_page_names_every_damage_and_failure_kind():
     text = (FS.REPO / "docs" / "reliability.md").read_text(encoding="utf-8")
     missing = [k for k in [*D.ALL_KINDS, *F.FAILURE_KINDS] if f"`{k}`" not in text]
