@@ -256,7 +256,7 @@ def findings_markdown(results: list[CaseResult]) -> str:
             out.append(f"\n### {kind}: {FAILURE_KINDS.get(kind, '')}\n")
             out.append("| count | mode | damage kinds | example seed | command: symptom |")
             out.append("|---|---|---|---|---|")
-        r, f = items[0]
+        r, f = min(items, key=lambda x: (len(x[0].kinds), x[0].seed))  # the simplest example
         dk = Counter(k for x, _ in items for k in x.kinds)
         kinds = ", ".join(f"{k} {n}" for k, n in dk.most_common(4))
         sym = f"{f.command}: {f.symptom}".replace("|", "\\|")[:220]

@@ -387,6 +387,17 @@ def check_prefix(c: FS.Case, keep, res: CaseResult, command: str) -> None:
                  f"gone, first at offset {lost[0].offset} (damage from {c.damage_from})")
 
 
+def grew(before: int, root: Path) -> str | None:
+    """Why the store grew by more than its own size (and 4 MiB), naming its largest file."""
+    after = store_bytes(root)
+    if after <= 2 * before + (4 << 20):
+        return None
+    largest = max(((os.path.getsize(os.path.join(d, n)), os.path.relpath(os.path.join(d, n), root))
+                   for d, _, files in os.walk(root) for n in files
+                   if FS.is_regular(Path(d) / n)), default=(0, "?"))
+    return f"{before} -> {after} bytes; largest {largest[1]} ({largest[0]} B)"
+
+
 def store_bytes(root: Path) -> int:
     total = 0
     for dirpath, _, files in os.walk(root):
@@ -647,9 +658,9 @@ def library_repair(c: FS.Case, res: CaseResult, run: Runner, verified_end: int, 
             res.fail("noop-changed", "repair", "; ".join(changed[:3]))
         return
     check_prefix(c, keep, res, "repair")
-    grown = store_bytes(S)
-    if grown > 2 * size0 + (4 << 20):
-        res.fail("store-grew", "repair", f"{size0} -> {grown} bytes")
+    why = grew(size0, S)
+    if why:
+        res.fail("store-grew", "repair", why)
     check_backup(c, pristine, c.backup, work, res, "repair")
     res.checks["idempotent"] += 1
     st, again = run("plan_repair (second run)",

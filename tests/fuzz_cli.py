@@ -20,7 +20,7 @@ import damage as D
 import fuzz_store as FS
 from fuzz_checks import (NOT_LOCK, TIMEOUT_CLI, CaseResult, Runner, _read_diffs, _samples,
                          _store_entries, case_env, check_backup, check_prefix, diff_states,
-                         features, healthy, lock_held, must_keep, outside_diff, restore_cli_args,
+                         features, grew, healthy, lock_held, must_keep, outside_diff, restore_cli_args,
                          store_bytes, tree_state)
 
 #: Read commands per store through the CLI, besides verify and dump (each costs a process).
@@ -235,9 +235,9 @@ def cli_repair(c: FS.Case, res: CaseResult, verified_end: int, work: Path, prist
     if not changed:
         return
     check_prefix(c, keep, res, "repair --yes")
-    grown = store_bytes(c.store)
-    if grown > 2 * size0 + (4 << 20):
-        res.fail("store-grew", "repair --yes", f"{size0} -> {grown} bytes")
+    why = grew(size0, c.store)
+    if why:
+        res.fail("store-grew", "repair --yes", why)
     if backup is None:
         res.fail("backup-incomplete", "repair --yes", "no backup folder found")
     else:
