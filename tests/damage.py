@@ -108,21 +108,24 @@ def damage(group: str):
 @damage("config")
 def conf_path_elsewhere(c: Case, rng):
     """storePathCommitLog / storePathRootDir naming a place that does not exist (the
-    production value on a copy or rescue mount). Must be refused (the issue's rule)."""
+    production value on a copy or rescue mount). docs/reading.md's rule: ignored with a
+    note, STORE/commitlog is read (issue 11 #1: it emptied the store)."""
     where = c.sandbox / "data" / "rocketmq" / "store"  # absolute; inside the sandbox
     lines = rng.choice([f"storePathCommitLog={where}/commitlog\n",
                         f"storePathRootDir={where}\nstorePathCommitLog={where}/commitlog\n",
                         f"storePathRootDir={where}\n"])
     _write_conf(c, lines + _geometry_lines(c))
-    if "storePathCommitLog" in lines:
-        c.expect_refusal = "broker.conf's storePathCommitLog points elsewhere and does not exist"
     c.note(f"conf-path-elsewhere: {lines.strip()!r}")
+
+
+TWO_COMMITLOGS = "storePathCommitLog names an existing directory beside STORE/commitlog (two CommitLogs)"
 
 
 @damage("config")
 def conf_path_outside(c: Case, rng):
     """storePathCommitLog pointing at an existing directory outside the store: empty, a
-    copy of some segments, or a multi-path list mixing the store's and another."""
+    copy of some segments (docs/reading.md: two CommitLogs, refused), or a multi-path
+    list that includes STORE/commitlog (one CommitLog in two directories)."""
     out = c.outside / "cl"
     out.mkdir(parents=True, exist_ok=True)
     segs = c.segments()
@@ -132,6 +135,8 @@ def conf_path_outside(c: Case, rng):
             shutil.copy2(p, out / p.name)
     value = str(out) if v < 2 else f"{c.store / 'commitlog'},{out}"
     _write_conf(c, f"storePathCommitLog={value}\n" + _geometry_lines(c))
+    if v < 2:
+        c.expect_refusal = TWO_COMMITLOGS  # checked again once every damage is made
     c.note(f"conf-path-outside: storePathCommitLog={value} ({['empty', 'copied segments', 'multi-path'][v]})")
 
 
@@ -181,6 +186,8 @@ def conf_flags(c: Case, rng):
                        "duplicationEnable=true", "flushDiskType=BOGUS", "brokerVersion=9",
                        "messageIndexSafe=true", "maxMsgsNumBatch=0"])
     _write_conf(c, line + "\n" + _geometry_lines(c))
+    if line in ("enableDLegerCommitLog=true", "storeType=defaultRocksDB"):
+        c.expect_refusal = f"broker.conf {line}: a store kind rmqstore does not support (docs/reading.md)"
     c.note(f"conf-flags: {line}")
 
 
@@ -1001,6 +1008,8 @@ def make_case(seed: int, workdir: Path, *, kinds: list[str] | None = None,
             if tries > 20:
                 break
             wanted.append(rng.choice([x for x in ALL_KINDS if x not in c.kinds and x != k]))
+    if c.expect_refusal == TWO_COMMITLOGS and not (c.store / "commitlog").is_dir():
+        c.expect_refusal = None  # a later damage removed STORE/commitlog: one CommitLog again
     if not c.kinds:
         c.kinds.append("none")
         c.note("none (no damage applied)")

@@ -29,14 +29,18 @@ from fuzz_campaign import campaign, run_case, summary
 HAVE_FIXTURES = (FS.FIXTURES / "rocketmq-4.9.8" / "basic").is_dir()
 BASES = ["gen-400"] + (["fx:rocketmq-4.9.8/basic"] if HAVE_FIXTURES else [])
 
-#: Damage kinds that main passes today, checked on every run. The others are checked by
-#: the stress run until the fixes of issue 11 are merged; then they move here.
-QUICK_LIB = ["none", "conf-path-outside", "conf-garbage", "conf-flags", "symlink-outside",
-             "stray-files", "empty-files", "torn-record", "garbage-tail", "header-flip",
-             "body-flip", "missing-segment", "zero-range", "random-range", "duplicate-segment",
-             "cq-flip", "cq-missing-file", "cq-garbage", "cq-missing-queue", "cq-duplicate-queue",
-             "index-flip", "index-missing", "checkpoint-odd", "lock-odd", "missing-dir"]
-QUICK_CLI = ["none", "index-flip", "conf-garbage"]
+#: Damage kinds main does not pass yet through the library (what fails, and so whose fix
+#: moves the kind into the quick run). They run in the stress set meanwhile.
+STRESS_ONLY_LIB = {
+    "dir-for-file": "abort or checkpoint as a directory: repair dies with IsADirectoryError "
+                    "after changing the store",
+    "fifo": "a named pipe as a store file: dump, stats or verify block on it (hang)",
+    "abort-present": "repair removes abort without saving it: the backup cannot give it back",
+}
+#: Checked on every run: every kind main passes.
+QUICK_LIB = [k for k in D.ALL_KINDS if k not in STRESS_ONLY_LIB]
+#: Through the CLI (each case runs ~15 processes): a few kinds that cover issue 11's items.
+QUICK_CLI = ["none", "topic-record", "torn-record", "symlink-dotdot"]
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +195,7 @@ def test_cli_outcome_checks():
     C.check_outcome(res, "e", C.Outcome(2, "", "rmqstore: x\nrmqstore: y\n", False, 0), "json")
     C.check_outcome(res, "f", C.Outcome(None, "", "", True, 0))
     C.check_outcome(res, "ok", C.Outcome(1, '{"a": 1}', "", False, 0), "json")
+    C.check_outcome(res, "ok", C.Outcome(2, "", "rmqstore: note: a\nrmqstore: warning: b\nrmqstore: x\n", False, 0), "json")
     assert [f.kind for f in res.failures] == ["traceback", "internal-error", "crash", "bad-json",
                                               "error-not-one-line", "hang"]
 
