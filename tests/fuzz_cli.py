@@ -125,9 +125,9 @@ def check_outcome(res: CaseResult, command: str, o: Outcome, fmt: str | None = N
         except ValueError as e:
             res.fail("bad-json", command, f"{e}: {o.out[:120]!r}")
     if one_line and o.rc == 2 and fmt is not None:
-        # Notes and warnings may come first (why a step is refused); the error is one line.
-        lines = [ln for ln in o.err.splitlines() if ln.strip()
-                 and not ln.startswith(("rmqstore: note:", "rmqstore: warning:"))]
+        # Notes, warnings and what repair leaves may come first; the error is one line.
+        lines = [ln for ln in o.err.splitlines() if ln.strip() and not ln.startswith(
+            ("rmqstore: note:", "rmqstore: warning:", "rmqstore: not repaired:"))]
         if len(lines) != 1:
             res.fail("error-not-one-line", command, f"{len(lines)} lines: {' | '.join(lines[:2])[:200]}")
 
