@@ -19,7 +19,7 @@ from pathlib import Path
 import damage as D
 import fuzz_store as FS
 from fuzz_checks import (NOT_LOCK, TIMEOUT_CLI, CaseResult, Runner, _read_diffs, _samples,
-                         _store_entries, case_env, check_backup, check_prefix, diff_states,
+                         _store_entries, backup_unjudged, case_env, check_prefix, diff_states,
                          features, grew, healthy, lock_held, must_keep, outside_diff, restore_cli_args,
                          store_bytes, tree_state)
 
@@ -220,7 +220,7 @@ def cli_repair(c: FS.Case, res: CaseResult, verified_end: int, work: Path, prist
     check_outcome(res, "repair --yes -f json", o, "json")
     if o.hung:
         return
-    backup = c.backup if explicit else _default_backup(c, before)
+    backup = _backup_used(o) or (c.backup if explicit else _default_backup(c, before))
     after = tree_state(c.sandbox)
     res.checks["repair-outside"] += 1
     d = outside_diff(c, before, after, *([backup] if backup else []))
@@ -232,7 +232,8 @@ def cli_repair(c: FS.Case, res: CaseResult, verified_end: int, work: Path, prist
             last = (o.err.strip().splitlines() or ["?"])[-1]
             res.fail("repair-midway", "repair --yes", f"exit {o.rc}: {last}; store changed: {'; '.join(changed[:2])}")
             if backup:
-                check_backup(c, pristine, backup, work, res, "repair --yes (failed)")
+                backup_unjudged(res)
+                check_restore_cli(c, pristine, backup, res)
         return
     if not changed:
         return
@@ -243,7 +244,7 @@ def cli_repair(c: FS.Case, res: CaseResult, verified_end: int, work: Path, prist
     if backup is None:
         res.fail("backup-incomplete", "repair --yes", "no backup folder found")
     else:
-        check_backup(c, pristine, backup, work, res, "repair --yes")
+        backup_unjudged(res)
     res.checks["idempotent"] += 1
     o = run_cli(["repair", S, "--dry-run", "-f", "json"] + conf, c)
     check_outcome(res, "repair --dry-run (second run)", o, "json")
@@ -254,13 +255,30 @@ def cli_repair(c: FS.Case, res: CaseResult, verified_end: int, work: Path, prist
         except (ValueError, KeyError, TypeError):
             why = (o.err.strip().splitlines() or [o.out[:200]])[-1]
         res.fail("not-idempotent", "repair --yes", f"second run exit {o.rc}: {why}")
-    if features()["restore_cli"] and backup is not None:
-        res.checks["restore-cli"] += 1
-        o = run_cli(restore_cli_args(backup, c.store), c)
-        check_outcome(res, "restore", o, None)
-        d = diff_states(pristine, tree_state(c.store), ignore=NOT_LOCK, times=False, modes=False)
-        if d:
-            res.fail("restore-mismatch", "restore", f"exit {o.rc}; {len(d)} difference(s): {'; '.join(d[:3])}")
+    if backup is not None:
+        check_restore_cli(c, pristine, backup, res)
+
+
+def check_restore_cli(c: FS.Case, pristine: dict, backup: Path, res: CaseResult) -> None:
+    """Where ``rmqstore restore`` exists: it puts the damaged store back exactly."""
+    if not features()["restore_cli"] or not backup.exists():
+        return
+    res.checks["restore-cli"] += 1
+    o = run_cli(restore_cli_args(backup, c.store), c)
+    check_outcome(res, "restore", o, None)
+    d = diff_states(pristine, tree_state(c.store), ignore=NOT_LOCK, times=False, modes=False)
+    if d:
+        res.fail("restore-mismatch", "restore", f"exit {o.rc}; {len(d)} difference(s): {'; '.join(d[:3])}")
+
+
+def _backup_used(o: Outcome) -> Path | None:
+    """The backup folder repair says it used (``-f json``: result.backup)."""
+    try:
+        doc = json.loads(o.out)
+        got = (doc.get("result") or {}).get("backup") or doc.get("backup")
+    except (ValueError, AttributeError, TypeError):
+        return None
+    return Path(got) if got else None
 
 
 def _default_backup(c: FS.Case, before: dict) -> Path | None:
@@ -419,14 +437,14 @@ def run_kill_case(c: FS.Case, res: CaseResult, work: Path, rng, per_case: int = 
         # The operator runs the same command again.
         o = run_cli(["repair", S, "--yes", "-f", "json", "--backup", str(c.backup)] + conf, c)
         check_outcome(res, f"repair after {label}", o, None)
-        allowed = [c.backup]
+        allowed = [c.backup] + [b for b in [_backup_used(o)] if b]
         if o.rc != 0:
             last_line = (o.err.strip().splitlines() or ["?"])[-1]
             # ... and, refused, once more with a fresh backup folder: does it converge?
             fresh = c.sandbox / "backup-2"
             o2 = run_cli(["repair", S, "--yes", "-f", "json", "--backup", str(fresh)] + conf, c)
             check_outcome(res, f"repair (fresh backup) after {label}", o2, None)
-            allowed.append(fresh)
+            allowed += [fresh] + [b for b in [_backup_used(o2)] if b]
             res.fail("kill-not-finished", label, f"the same repair command exits {o.rc}: {last_line}; "
                      f"with a fresh --backup it exits {o2.rc}")
             if o2.rc != 0:

@@ -11,9 +11,9 @@ _JOBS. A failure prints its seed and the line that replays it
 
 from __future__ import annotations
 
-import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -157,21 +157,28 @@ def test_prefix_check_catches_a_lost_record(work):
     assert [f.kind for f in res.failures] == ["prefix-lost"]
 
 
-def test_backup_check_catches_a_byte_not_saved(work):
-    c = D.make_case(4, work / "bk", kinds=["garbage-tail"], base="gen-400", cache=work / "bases")
+def test_restore_check_catches_a_restore_that_falls_short(monkeypatch, work):
+    """The backup is judged by restore: one that misses a byte is a restore-mismatch."""
+    c = D.make_case(4, work / "rs", kinds=["garbage-tail"], base="gen-400", cache=work / "bases")
     pristine = F.tree_state(c.store)
-    from rmqstore.recovery import repair
-
-    repair(c.store, backup_dir=c.backup)
+    saved = work / "rs" / "saved"
+    FS.copy_tree(c.store, saved, skip=())
+    seg = c.segments()[-1]
+    with open(seg, "r+b") as f:  # what a repair does: zero the garbage after the end
+        f.seek(c.data_end() % c.seg)
+        f.write(b"\0" * 300)
+    mod = type(sys)("fake_restore")
+    monkeypatch.setitem(sys.modules, "fake_restore", mod)
+    monkeypatch.setattr(F, "_FEATURES", {"restore_lib": "fake_restore.restore", "restore_cli": None})
+    c.backup.mkdir()
     res = F.CaseResult(4, "lib")
-    F.check_backup(c, pristine, c.backup, work / "bk", res, "repair")
-    assert res.failures == [], res.report()
-    doc = json.loads((c.backup / "manifest.json").read_text())
-    ranges = [e for e in doc["saved"] if "range" in e]
-    assert ranges
-    (c.backup / ranges[0]["saved"]).write_bytes(b"\0" * ranges[0]["length"])
-    F.check_backup(c, pristine, c.backup, work / "bk", res, "repair")
-    assert [f.kind for f in res.failures] == ["backup-incomplete"]
+    mod.restore = lambda backup: None  # restores nothing
+    F.check_restore_lib(c, pristine, res, F.Runner(res))
+    assert [f.kind for f in res.failures] == ["restore-mismatch"]
+    mod.restore = lambda backup: shutil.copy2(saved / "commitlog" / seg.name, seg)
+    res = F.CaseResult(4, "lib")
+    F.check_restore_lib(c, pristine, res, F.Runner(res))
+    assert res.failures == [] and res.checks["restore-lib"] == 1
 
 
 def test_outside_diff_allows_only_the_store_and_the_backup(work):
