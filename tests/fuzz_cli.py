@@ -228,12 +228,12 @@ def cli_repair(c: FS.Case, res: CaseResult, verified_end: int, work: Path, prist
         res.fail("wrote-outside", "repair --yes", "; ".join(d[:3]))
     changed = diff_states(pristine, tree_state(c.store), ignore=NOT_LOCK, times=False, modes=False)
     if o.rc != 0:
-        if changed:
-            last = (o.err.strip().splitlines() or ["?"])[-1]
-            res.fail("repair-midway", "repair --yes", f"exit {o.rc}: {last}; store changed: {'; '.join(changed[:2])}")
-            if backup:
-                backup_unjudged(res)
+        if changed:  # stopped midway: restore must give the store back (see library_repair)
+            if features()["restore_cli"] and backup:
                 check_restore_cli(c, pristine, backup, res)
+            else:
+                last = (o.err.strip().splitlines() or ["?"])[-1]
+                res.fail("repair-midway", "repair --yes", f"exit {o.rc}: {last}; store changed: {'; '.join(changed[:2])}")
         return
     if not changed:
         return

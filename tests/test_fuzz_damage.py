@@ -32,10 +32,8 @@ BASES = ["gen-400"] + (["fx:rocketmq-4.9.8/basic"] if HAVE_FIXTURES else [])
 #: Damage kinds main does not pass yet through the library (what fails, and so whose fix
 #: moves the kind into the quick run). They run in the stress set meanwhile.
 STRESS_ONLY_LIB = {
-    "dir-for-file": "abort or checkpoint as a directory: repair dies with IsADirectoryError "
-                    "after changing the store",
-    "fifo": "a named pipe as a store file: dump, stats or verify block on it (hang)",
-    "abort-present": "repair removes abort without saving it: the backup cannot give it back",
+    "fifo": "a named pipe as checkpoint, lock, segment or CQ file: dump, stats or verify "
+            "block on it (hang)",
 }
 #: Checked on every run: every kind main passes.
 QUICK_LIB = [k for k in D.ALL_KINDS if k not in STRESS_ONLY_LIB]
