@@ -17,6 +17,7 @@ from pathlib import Path
 from . import layout as L
 from .errors import RecordError, StoreLockedError, UnsafePathError
 from .mapped import io_error
+from .listing import open_regular
 from .notes import note_writing
 
 CHECKPOINT = "checkpoint"
@@ -66,7 +67,7 @@ def read_checkpoint(root_or_file: str | os.PathLike) -> Checkpoint:
     """Read a checkpoint file (or ``{root}/checkpoint``) without changing it (spec §8.1)."""
     path = _file(root_or_file, CHECKPOINT)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             data = f.read(L.CHECKPOINT_V5_STRUCT.size)
     except OSError as e:
         raise RecordError(f"cannot read checkpoint: {e.strerror}", path) from None
@@ -243,7 +244,7 @@ def is_locked(root: str | os.PathLike) -> bool:
     if _held_here(path):
         return True
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block
     except FileNotFoundError:
         return False
     try:

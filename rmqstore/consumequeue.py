@@ -19,7 +19,7 @@ import numpy as np
 
 from . import layout as L
 from .errors import OffsetError, SegmentError, UnsafePathError
-from .listing import LONG_MAX, entries, odd_entry, offset_name
+from .listing import LONG_MAX, entries, odd_entry, offset_name, open_regular
 from .mapped import Ahead, io_error, map_read, note
 from .names import queue_dir
 
@@ -170,7 +170,7 @@ class ConsumeQueue:
             return np.zeros(0, dtype=L.CQ_UNIT_DTYPE)
         f = None
         try:
-            f = open(p, "rb")
+            f = open_regular(p)
             mm = map_read(f.fileno(), length, p)  # holes read as zeros, never a bus error
         except OSError as e:
             if f is not None:

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from . import layout as L
-from .listing import entries as list_entries
+from .listing import entries as list_entries, open_regular
 from .mapped import data_extents, map_read
 
 DEFAULT_SLOTS, DEFAULT_ENTRIES = 5_000_000, 20_000_000
@@ -87,7 +87,7 @@ def _list(index_dir: Path) -> list[Path]:
 
 def _facts(p: Path) -> IndexFacts | None:
     try:
-        with open(p, "rb") as f:
+        with open_regular(p) as f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(_H)
     except OSError:
@@ -108,7 +108,7 @@ def judge(f: IndexFacts, slots: int) -> str | None:
     ic = f.count
     base = _H + _S * slots
     try:
-        fd = os.open(f.path, os.O_RDONLY)
+        fd = os.open(f.path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
     try:
@@ -155,7 +155,7 @@ def _tail_candidates(f: IndexFacts) -> set[int]:
 
 def _last_nonzero(path: Path, size: int, chunk: int = 1 << 20) -> int | None:
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             # Holes read as zeros without a bus error (tmpfs), and are not scanned: the
             # last non-zero byte is in the last data extent.
             m = map_read(fh.fileno(), 0, path)

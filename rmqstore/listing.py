@@ -97,3 +97,26 @@ def inside(path: str | os.PathLike, roots) -> bool:
         if p == r or p.startswith(r.rstrip(os.sep) + os.sep):
             return True
     return False
+
+
+class NotARegularFile(OSError):
+    """A store file that is a FIFO, socket, device or directory: never read (it could block)."""
+
+
+def open_regular(path: str | os.PathLike, mode: str = "rb"):
+    """``open(path, mode)`` for a store file that must be a regular file.
+
+    Opened with ``O_NONBLOCK`` first, so a named pipe where a checkpoint or lock should be
+    answers at once instead of blocking the reader forever; anything but a regular file
+    raises :class:`NotARegularFile` (an ``OSError``, so callers' one-line errors apply)."""
+    flags = {"rb": os.O_RDONLY, "r+b": os.O_RDWR}[mode]
+    fd = os.open(path, flags | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARegularFile(0, f"not a regular file ({_kind(st.st_mode)})", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise

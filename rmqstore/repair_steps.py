@@ -11,6 +11,7 @@ library's ConsumeQueue and IndexFile writers, with the broker's write rules.
 from __future__ import annotations
 
 import os
+import stat
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -384,13 +385,28 @@ def run(step, ctx: StepContext, items: list[dict], j: Journal) -> None:
     elif a == "reindex":
         _reindex(ctx)
     elif a == "write-checkpoint":
+        _drop_special(p)
         _fix_checkpoint(ctx)
     elif a == "create-abort":
+        _drop_special(p)
         ckpt.create_abort(root)
     elif a == "remove-abort":
         ckpt.remove_abort(root)
     else:
         raise RefusedError(f"unknown repair step {a!r}")
+
+
+def _drop_special(p: Path) -> None:
+    """A FIFO, socket or device where a state file belongs (saved in the backup already,
+    as its kind): removed before the file is written, which would otherwise write into a
+    pipe and leave it there (a second repair would plan the same step)."""
+    try:
+        mode = os.lstat(p).st_mode
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+        os.unlink(p)
+        fsync_dir(p.parent)
 
 
 def _reindex(ctx: StepContext) -> None:

@@ -123,6 +123,12 @@ def copy_file(src: str | os.PathLike, dst: str | os.PathLike, *, fsync: bool = T
     if stat.S_ISLNK(st.st_mode):
         os.symlink(os.readlink(src), dst)
         return
+    if not stat.S_ISREG(st.st_mode):
+        # A FIFO, socket or device: kept as what it is (opening a FIFO to read its
+        # bytes would block forever, and it has none).
+        os.mknod(dst, st.st_mode, st.st_rdev)
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return
     s = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         d = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

@@ -18,6 +18,7 @@ import numpy as np
 from . import layout as L
 from .errors import RmqStoreError
 from .scan import RecordColumns
+from .listing import open_regular
 
 #: Below this much CommitLog data a process pool costs more than it saves.
 PARALLEL_MIN_BYTES = 96 * 1024 * 1024
@@ -191,7 +192,7 @@ def _index_headers(index_dir):
 
     out = []
     for p in _list_index_files(index_dir):
-        with open(p, "rb") as f:
+        with open_regular(p) as f:
             head = f.read(L.INDEX_HEADER_SIZE)
         if len(head) == L.INDEX_HEADER_SIZE:
             out.append((p.name, IndexHeader(*L.INDEX_HEADER_STRUCT.unpack(head))))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Mapping
 
 from .errors import ConfigError, UnsupportedStoreError
+from .listing import open_regular
 
 UNSUPPORTED, PARTIAL, SUPPORTED = "unsupported", "partial", "supported"
 
@@ -208,7 +209,7 @@ def _prop_crc_record(dirs) -> str | None:
                   if SEGMENT_NAME.match(p.name))
     for _, p in reversed(segs):
         try:
-            with open(p, "rb") as f:
+            with open_regular(p) as f:
                 head = f.read(8)
                 if len(head) < 8 or head[:4] == bytes(4):
                     continue

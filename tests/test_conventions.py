@@ -78,7 +78,10 @@ def test_version():
 
 
 def test_shell_completion_is_available():
-    out = rmq("--show-completion", "bash")
+    # Typer detects the shell from the parent process unless told not to; a test run
+    # under a daemon or CI has no shell parent, so the shell is named explicitly.
+    out = rmq("--show-completion", "bash",
+              env={"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"})
     assert out.returncode == 0, out.stderr
     assert "_rmqstore_completion" in out.stdout and "complete" in out.stdout
     assert "--install-completion" in rmq("--help").stdout

@@ -31,10 +31,7 @@ BASES = ["gen-400"] + (["fx:rocketmq-4.9.8/basic"] if HAVE_FIXTURES else [])
 
 #: Damage kinds main does not pass yet through the library (what fails, and so whose fix
 #: moves the kind into the quick run). They run in the stress set meanwhile.
-STRESS_ONLY_LIB = {
-    "fifo": "a named pipe as checkpoint, lock, segment or CQ file: dump, stats or verify "
-            "block on it (hang)",
-}
+STRESS_ONLY_LIB: dict[str, str] = {}
 #: Checked on every run: every kind main passes.
 QUICK_LIB = [k for k in D.ALL_KINDS if k not in STRESS_ONLY_LIB]
 #: Through the CLI (each case runs ~15 processes): a few kinds that cover issue 11's items.
