@@ -109,6 +109,16 @@ def confine(root: Path, rel: str) -> Path:
     return root / rel
 
 
+def missing_parents(root: Path, rel: str) -> list[str]:
+    """The directories above ``rel`` that do not exist yet, outermost first: a step that
+    creates ``rel`` creates them too, and undoing it removes them again."""
+    parts = rel.split("/")[:-1]
+    for i in range(len(parts)):
+        if not os.path.lexists(root.joinpath(*parts[:i + 1])):
+            return ["/".join(parts[:j + 1]) for j in range(i, len(parts))]
+    return []
+
+
 def fingerprint(path: Path):
     """What a path is now, cheaply: None (absent), [size, mtime_ns] (a file),
     ["->", target] (a link), or {name: fingerprint} (a directory)."""
@@ -343,7 +353,8 @@ class Journal:
                 os.close(fd)
             return item
         if kind == "file":
-            item = {"kind": kind, "path": rel, "exists": os.path.lexists(p)}
+            item = {"kind": kind, "path": rel, "exists": os.path.lexists(p),
+                    "created": missing_parents(self.root, rel)}
             if self.backup and item["exists"]:
                 name = self._name(rel, k)
                 copy_tree(p, self._mkparents(name))
@@ -357,7 +368,8 @@ class Journal:
         if kind == "entries":
             exists = is_dir(self.root, rel)
             return {"kind": kind, "path": rel, "exists": exists,
-                    "names": sorted(os.listdir(p)) if exists else []}
+                    "names": sorted(os.listdir(p)) if exists else [],
+                    "created": missing_parents(self.root, rel)}
         raise ValueError(f"unknown scope kind {kind!r}")
 
     def start(self, k: int, action: str, path: str | None, requests: list[tuple]) -> list[dict]:

@@ -148,6 +148,7 @@ def plan_repair(root: str | os.PathLike, *, config: StoreConfig | None = None,
     steps += queues.steps()
     idx_steps = _index_steps(root, cfg, rep, by_code)
     steps += idx_steps
+    steps = _without_guessed_geometry(root, cfg, rep, steps, unfixed)
     touched = bool(steps)
     if touched or "checkpoint" in by_code or "abort-present" in by_code:
         steps.append(Step("write-checkpoint", ckpt.CHECKPOINT,
@@ -165,6 +166,50 @@ def plan_repair(root: str | os.PathLike, *, config: StoreConfig | None = None,
     return RepairPlan(str(root), steps, rep, unfixed, refused)
 
 
+#: Steps that write ConsumeQueue or IndexFile bytes in files of the configured size.
+_WRITES_CQ = ("rebuild-queue", "dispatch-queue")
+_GUESS = ("no {what} is left to tell {names}, and no broker.conf says {it}: repair will not "
+          "create {what}s of a guessed size ({default}, the broker's default) that a broker "
+          "configured otherwise would misread; pass --config with the broker's broker.conf")
+
+
+def _without_guessed_geometry(root: Path, cfg, rep: VerifyReport, steps: list[Step],
+                              unfixed: list) -> list[Step]:
+    """Drop the steps that would create ConsumeQueue or IndexFile files whose size no file
+    and no setting determines (the store kept none of them: a deleted consumequeue/ or
+    index/): the defaults are a guess, and a file of the wrong geometry is worse than
+    none (the broker rebuilds missing ones from the CommitLog with its own settings).
+    What they would have fixed goes to ``unfixed`` with the reason."""
+    src = cfg.sources
+    drop_cq = src.get("mapped_file_size_consume_queue") == "default"
+    drop_ix = "default" in (src.get("max_hash_slot_num"), src.get("max_index_num"))
+    if not (drop_cq or drop_ix):
+        return steps
+    kept, dropped_cq, dropped_ix = [], [], False
+    for s in steps:
+        if drop_cq and s.action in _WRITES_CQ:
+            dropped_cq.append(s.path)
+        elif drop_ix and s.action == "reindex":
+            dropped_ix = True
+        else:
+            kept.append(s)
+    if dropped_cq:
+        why = _GUESS.format(what="ConsumeQueue file", names="mappedFileSizeConsumeQueue",
+                            it="it", default=f"{cfg.mapped_file_size_consume_queue:,} bytes")
+        for f in rep.problems:
+            q = _queue_of(f.file) if f.file else None
+            if q in dropped_cq and f.code.startswith("cq-"):
+                unfixed.append((f, why))
+    if dropped_ix:
+        why = _GUESS.format(what="IndexFile", names="maxHashSlotNum and maxIndexNum",
+                            it="them", default=f"{cfg.max_hash_slot_num:,} slots and "
+                            f"{cfg.max_index_num:,} entries")
+        for f in rep.problems:
+            if f.code.startswith("index-"):
+                unfixed.append((f, why))
+    return kept
+
+
 #: Problems repair leaves as they are, and why.
 _UNFIXED = {
     "record-physical-offset": "stale or copied records are kept as they are",
@@ -173,7 +218,9 @@ _UNFIXED = {
     "store-locked": "repair refuses to run while the lock is held",
     "symlink": "repair never follows, moves or deletes a symbolic link or its target; "
                "remove or replace it by hand",
-    "special-file": "repair never reads, moves or deletes a FIFO, socket or device",
+    "special-file": "repair never reads, moves or deletes a FIFO, socket or device (one "
+                    "standing where it must write checkpoint or abort goes to the backup, "
+                    "as it is)",
     "record-topic-unsafe": "the record is kept; no ConsumeQueue is written for a topic that "
                            "cannot be a directory name",
 }

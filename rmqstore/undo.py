@@ -70,6 +70,25 @@ def check_unchanged(root: Path, state: JournalState) -> None:
 
 
 def _restore_item(root: Path, jdir: Path, it: dict) -> None:
+    _restore_path(root, jdir, it)
+    # Directories the step created above its path (a queue under a topic directory that
+    # did not exist), innermost first; only while empty, as a later step's may be shared.
+    for rel in reversed(it.get("created", [])):
+        d = confine(root, rel)
+        try:
+            os.rmdir(d)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            if e.errno in (_errno.ENOTEMPTY, _errno.EEXIST):
+                break
+            if e.errno != _errno.ENOTDIR:
+                raise
+            break
+        fsync_dir(d.parent)
+
+
+def _restore_path(root: Path, jdir: Path, it: dict) -> None:
     p = confine(root, it["path"])
     kind = it["kind"]
     if kind == "entries":

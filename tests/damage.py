@@ -982,7 +982,8 @@ def make_case(seed: int, workdir: Path, *, kinds: list[str] | None = None,
     forced) or raise :class:`NotApplicable` (when forced).
     """
     rng = random.Random(seed)
-    base_name = base or pick_base(rng)
+    drawn_base = pick_base(rng)  # drawn even when forced: the later draws stay the seed's
+    base_name = base or drawn_base
     b = get_base(base_name, cache or workdir.parent / "bases")
     sandbox = workdir / "sandbox"
     if sandbox.exists():
@@ -994,7 +995,8 @@ def make_case(seed: int, workdir: Path, *, kinds: list[str] | None = None,
     if b.unsupported:
         c.expect_refusal = "a DLedger CommitLog (dledger-*/), a layout rmqstore does not read"
     forced = kinds is not None
-    wanted = list(kinds) if forced else rng.sample(ALL_KINDS, rng.choice([1, 1, 2]))
+    drawn = rng.sample(ALL_KINDS, rng.choice([1, 1, 2]))  # as above: a replay that names
+    wanted = list(kinds) if forced else drawn           # the seed's kinds gets its damage
     tries = 0
     while wanted:
         k = wanted.pop(0)

@@ -51,10 +51,11 @@ REVIEWED = {
     ("_drop_special", "unlink"): "a FIFO/socket/device where a state file belongs, saved as "
                                  "its kind first",
     # Restore: puts the backup's bytes back, inside the store.
-    ("_restore_item", "ftruncate"): "a restored file back to its saved size",
-    ("_restore_item", "remove_tree"): "what a step put at a confined path, before the saved "
+    ("_restore_path", "ftruncate"): "a restored file back to its saved size",
+    ("_restore_path", "remove_tree"): "what a step put at a confined path, before the saved "
                                       "state goes back",
-    ("_restore_item", "rename"): "backup -> store path, or a restore temporary into place",
+    ("_restore_path", "rename"): "backup -> store path, or a restore temporary into place",
+    ("_restore_item", "rmdir"): "directories the step created above its path, while empty",
     ("_restore_lock", "ftruncate"): "lock, back to its saved bytes",
     ("_restore_lock", "unlink"): "lock that did not exist before the repair",
     ("resume", "remove_tree"): "the journal folder once everything is undone",
