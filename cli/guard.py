@@ -8,8 +8,9 @@ catch. The parent only waits: the child keeps stdin, stdout, stderr and the term
 process group, so pipes, ``| head``, Ctrl-C and Ctrl-Z behave as before. A signal sent to
 the parent by another process (``kill``, ``timeout``) is passed on to the child; one
 from the terminal reached the child already. The parent ends the way the child ended:
-the same exit status, or the same signal (SIGBUS excepted). ``RMQSTORE_NO_FORK=1`` runs
-the command in the first process, for debuggers.
+the same exit status, or the same signal (SIGBUS excepted). The child dies with the
+parent (a ``kill -9`` of rmqstore stops the command, on Linux). ``RMQSTORE_NO_FORK=1``
+runs the command in the first process, for debuggers.
 """
 
 from __future__ import annotations
@@ -68,12 +69,14 @@ def supervise() -> None:
     page = notes.install_note_page()
     waited = set(FORWARDED) | {signal.SIGCHLD}
     old = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
+    parent = os.getpid()
     try:
         pid = os.fork()
     except OSError:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
         return  # no fork: run the command here, unguarded
     if pid == 0:
+        _die_with(parent)
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
         return
     status = _wait(pid, waited)
@@ -96,6 +99,22 @@ def supervise() -> None:
         pass  # SIGKILL: cannot be caught, blocked or reset, and need not be
     os.kill(os.getpid(), sig)
     os._exit(128 + sig)
+
+
+def _die_with(parent: int) -> None:
+    """In the child: be SIGKILLed when the parent dies. ``kill -9`` of rmqstore (an
+    operator, the OOM killer, a supervisor's timeout) reaches the parent only; the command
+    must not go on writing a store behind the operator's back (Linux PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(128 + signal.SIGKILL)
 
 
 def _wait(pid: int, waited: set) -> int:

@@ -204,6 +204,33 @@ def remove_marker(root: Path) -> None:
 # --- the journal as written ----------------------------------------------------------------
 
 
+def abandoned_begin(jdir: Path, root: Path) -> bool:
+    """Is ``jdir`` what a repair of ``root`` left when it was killed before its marker was
+    in the store (only our manifest and a journal with no step started)? Nothing in the
+    store was changed then, so the directory may be used again."""
+    try:
+        names = set(os.listdir(jdir))
+    except OSError:
+        return False
+    if not names <= {MANIFEST, JOURNAL, MANIFEST + ".tmp"} or os.path.lexists(root / MARKER):
+        return False
+    try:
+        with open(jdir / MANIFEST, "rb") as f:
+            doc = json.loads(f.read() or b"{}")
+    except (OSError, ValueError):
+        doc = None
+    if MANIFEST in names and (not isinstance(doc, dict) or doc.get("store") != str(root)):
+        return False
+    try:
+        with open(jdir / JOURNAL, "rb") as f:
+            events = f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        events = ""
+    except OSError:
+        return False
+    return '"start"' not in events
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 

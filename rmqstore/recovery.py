@@ -531,12 +531,19 @@ def _index_steps(root: Path, cfg, rep: VerifyReport, by_code) -> list[Step]:
 
 def _backup_target(root: Path, requested, resumed) -> Path:
     """The backup directory to use: outside the store, new (or empty)."""
+    from .journal import abandoned_begin
+
     if requested is None:
         return default_backup_dir(root)
     p = _outside(root, Path(requested).resolve())
     if os.path.lexists(p):
         if resumed is not None and Path(resumed.journal).resolve() == p:
             return _unused(p)  # the same --backup as the run just undone: keep that one
+        if p.is_dir() and not p.is_symlink() and abandoned_begin(p, root):
+            # A run killed before it changed anything: its manifest goes, the folder stays.
+            for n in os.listdir(p):
+                os.unlink(p / n)
+            return p
         if not (p.is_dir() and not p.is_symlink() and not any(p.iterdir())):
             raise RefusedError("already exists and is not empty: choose a new directory for "
                                "the backup", p)

@@ -116,6 +116,37 @@ def test_a_signal_sent_to_the_command_reaches_it(tmp_path, sig, want):
             assert err.strip() == "rmqstore: interrupted"
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_kill_9_of_the_command_stops_the_child_too(tmp_path):
+    """SIGKILL reaches only the process it is sent to: the parent. The child running the
+    command must not outlive it and go on writing the store (it did: an orphan append
+    kept the lock and took more messages)."""
+    import time
+
+    from rmqstore.checkpoint import is_locked
+
+    store = tmp_path / "s"
+    p = subprocess.Popen([RMQSTORE, "append", str(store), "--create", "--jsonl", "-"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        p.stdin.write(json.dumps({"topic": "T", "body": "b"}) + "\n")
+        p.stdin.flush()
+        assert json.loads(p.stdout.readline())["status"] == "PUT_OK"
+        assert is_locked(store)
+        p.send_signal(signal.SIGKILL)
+        assert p.wait(timeout=60) == -signal.SIGKILL
+        deadline = time.monotonic() + 30
+        while is_locked(store) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not is_locked(store), "the command's child outlived rmqstore's kill -9"
+    finally:
+        p.kill()
+        p.stdin.close()
+        p.stdout.close()
+        p.stderr.close()
+
+
 def bus_error_at_5(i: int) -> int:
     if i == 5:
         notes.note("/store/commitlog/00000000000000000000", "read")

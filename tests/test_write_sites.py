@@ -44,6 +44,8 @@ REVIEWED = {
     ("Journal.move", "remove_tree"): "a half-copied .partial in the backup; the source after "
                                      "a cross-device copy is complete and fsync'd",
     ("Journal.move", "rename"): "store path -> backup (confined, same device)",
+    ("_backup_target", "unlink"): "the manifest and journal of a run killed before its "
+                                  "marker (journal.abandoned_begin), in the backup folder",
     ("remove_marker", "unlink"): "STORE/.rmqstore-repair, our own marker",
     ("write_marker", "replace"): "STORE/.rmqstore-repair, written under a temporary name",
     ("_zero", "ftruncate"): "a zero-tail/cut-queue step on a confined, saved file",
