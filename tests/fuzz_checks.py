@@ -422,6 +422,14 @@ def ignore_for_writer(c: FS.Case, *allowed: Path):
     """Paths a writing command may touch: under the store and the backup folders, and
     the mtimes of the directories that hold them."""
     rels = [os.path.relpath(p, c.sandbox) for p in (c.store, *allowed)]
+    # The top-level commitlog/, consumequeue/ and index/ may be links to other disks
+    # (docs/playbook.md, "Symbolic links and other disks"): where they lead is the store.
+    for name in ("commitlog", "consumequeue", "index"):
+        link = c.store / name
+        if link.is_symlink():
+            target = Path(os.path.realpath(link))
+            if target.is_relative_to(c.sandbox):
+                rels.append(os.path.relpath(target, c.sandbox))
     anc = set().union(*(_ancestors(r) for r in rels))
 
     def ignore(rel: str) -> bool:
