@@ -9,6 +9,8 @@ import typer
 
 from cli.common import (BodyMode, ConfigOption, app, fail, handles_errors, parse_time,
                         report_config)
+from cli.filters import (TIME_HELP, KeyOption, QueueIdOption, SinceOption, TagOption,
+                         UniqKeyOption, UntilOption, filter_args, use_tz)
 from cli.output import Format, Output, output_options
 
 # Table columns (JSON and CSV carry every field). A table has no room for a crcOk column
@@ -26,17 +28,6 @@ BodyOption = typer.Option(None, "--body", help="How to print bodies: text (table
 CharsetOption = typer.Option("utf-8", "--charset", help="Charset of text bodies for --body text (utf-8, gbk, latin-1, ...).")
 BodyDirOption = typer.Option(None, "--body-dir", help="Also write each body (decompressed) to DIR/<offsetMsgId>; --body then defaults to none. Existing files of that name are replaced, links never followed.", file_okay=False)
 TzOption = typer.Option(None, "--tz", help="Time zone for times given without one and for printed times: an IANA name (Asia/Shanghai), UTC, local, or +08:00. Default: $RMQSTORE_TZ, else UTC.")
-TIME_HELP = "epoch seconds or milliseconds (told apart by magnitude), ISO-8601, or yyyy-MM-dd#HH:mm:ss:SSS"
-
-
-def _use_tz(tz: Optional[str]) -> None:
-    from rmqstore.errors import InputError
-    from rmqstore.times import set_default_tz
-
-    try:
-        set_default_tz(tz)  # None: back to $RMQSTORE_TZ / UTC
-    except InputError as e:
-        raise fail(f"--tz: {e}") from None
 
 
 def _body_mode(body: Optional[BodyMode], fmt: Format, body_dir: Optional[Path] = None) -> str:
@@ -115,14 +106,14 @@ def _scan_warning(out: Output, path, scan) -> bool:
 def dump(
     paths: List[Path] = typer.Argument(..., help="Store roots or CommitLog segment files (several are read in turn), or a ConsumeQueue folder or file, an IndexFile, or the checkpoint. The kind of each PATH is recognised from where it sits."),
     topic: Optional[List[str]] = typer.Option(None, "--topic", "-t", help="Only messages (or queues) of this topic; repeat for several."),
-    queue_id: Optional[List[int]] = typer.Option(None, "--queue-id", "-q", help="Only this queue id; repeat for several."),
-    tag: Optional[List[str]] = typer.Option(None, "--tag", help="Only messages whose TAGS is this tag ('TagA || TagB' for either, '*' for all); repeat for several."),
-    key: Optional[List[str]] = typer.Option(None, "--key", "-k", help="Only messages with this KEYS token; repeat for several."),
-    uniq_key: Optional[List[str]] = typer.Option(None, "--uniq-key", help="Only messages with this UNIQ_KEY (client message id); repeat for several."),
+    queue_id: Optional[List[int]] = QueueIdOption,
+    tag: Optional[List[str]] = TagOption,
+    key: Optional[List[str]] = KeyOption,
+    uniq_key: Optional[List[str]] = UniqKeyOption,
     from_offset: Optional[int] = typer.Option(None, "--from-offset", min=0, help="Only records at or after this CommitLog offset (queue offset for a ConsumeQueue)."),
     to_offset: Optional[int] = typer.Option(None, "--to-offset", min=0, help="Only records before this CommitLog offset (queue offset for a ConsumeQueue)."),
-    since: Optional[str] = typer.Option(None, "--since", help=f"Only messages stored at or after this time: {TIME_HELP}."),
-    until: Optional[str] = typer.Option(None, "--until", help=f"Only messages stored at or before this time: {TIME_HELP}."),
+    since: Optional[str] = SinceOption,
+    until: Optional[str] = UntilOption,
     max_bytes: Optional[int] = typer.Option(None, "--max-bytes", min=0, help="Read at most this many CommitLog bytes from where the dump starts, per store (a record counts whole)."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=0, help="Stop after this many rows (over all PATHs)."),
     follow: bool = typer.Option(False, "--follow", "-F", help="Keep reading as the store grows (read-only; never takes the lock; survives segment rolls). Starts at the end unless --from-offset or --since says where. Ctrl-C ends it."),
@@ -142,9 +133,11 @@ def dump(
     from rmqstore.config import load_config
     from rmqstore.reader import classify
 
-    _use_tz(tz)
+    use_tz(tz)
     kinds = [classify(p) for p in paths]
-    t_since, t_until = parse_time(since, "--since"), parse_time(until, "--until")
+    filters = filter_args(topic=topic, queue_id=queue_id, tag=tag, key=key, uniq_key=uniq_key,
+                          since=since, until=until, from_offset=from_offset,
+                          to_offset=to_offset, max_bytes=max_bytes)
     mode, charset, sink = _body_options(body, out.fmt, charset, body_dir)
     # A file inside a store is read with the store's settings, checked like the store's.
     cfgs = {}
@@ -154,9 +147,6 @@ def dump(
             if k.kind == "indexfile":
                 _index_geometry_known(cfg, k.path)
             report_config(cfg)
-    filters = dict(topic=topic or None, queue_id=queue_id or None, tag=tag or None,
-                   key=key or None, uniq_key=uniq_key or None, since=t_since, until=t_until,
-                   from_offset=from_offset, to_offset=to_offset, max_bytes=max_bytes)
     if follow:
         if len(paths) != 1 or kinds[0].kind != "store":
             raise fail("--follow needs exactly one store root")
@@ -327,7 +317,7 @@ def get(
     from rmqstore.reader import open_store
     from rmqstore.view import MESSAGE_FIELDS, message_dict
 
-    _use_tz(tz)
+    use_tz(tz)
 
     ways = [offset is not None, msg_id is not None,
             queue_offset is not None or (queue_id is not None and uniq_key is None),
@@ -385,7 +375,7 @@ def query_key(
     Exit 1 when none ("no message matches")."""
     from rmqstore.reader import open_store
 
-    _use_tz(tz)
+    use_tz(tz)
     b = parse_time(begin, "--begin")
     e = parse_time(end, "--end")
     mode, charset, sink = _body_options(body, out.fmt, charset, body_dir)
@@ -423,7 +413,7 @@ def stats(
     from rmqstore.reader import open_store
     from rmqstore.stats import store_stats
 
-    _use_tz(tz)
+    use_tz(tz)
     with open_store(store, config) as reader:
         report_config(reader.config)
         s = store_stats(reader, conf=config)

@@ -18,6 +18,8 @@ from typing import List, Optional
 import typer
 
 from cli.common import ConfigOption, app, fail, handles_errors, report_config
+from cli.filters import (KeyOption, QueueIdOption, SinceOption, TagOption, UniqKeyOption,
+                         UntilOption, filter_args, use_tz)
 from cli.output import Output, output_options
 from rmqstore.errors import EXIT_PROBLEMS
 
@@ -111,6 +113,18 @@ def export(
     partition_by: Optional[str] = typer.Option(None, "--partition-by", help="Partition the dataset by this column: topic."),
     body: bool = typer.Option(True, "--body/--no-body", help="Include message bodies (binary column)."),
     writer: str = typer.Option("pyarrow", "--writer", help="pyarrow (tasks write Parquet, faster) or spark (Spark's writer)."),
+    topic: Optional[List[str]] = typer.Option(None, "--topic", "-t", help="Only messages of this topic; repeat for several."),
+    queue_id: Optional[List[int]] = QueueIdOption,
+    tag: Optional[List[str]] = TagOption,
+    key: Optional[List[str]] = KeyOption,
+    uniq_key: Optional[List[str]] = UniqKeyOption,
+    from_offset: Optional[int] = typer.Option(None, "--from-offset", min=0, help="Only records at or after this CommitLog offset. Segments before it are not read; the one holding it is walked from its start, as dump walks it."),
+    to_offset: Optional[int] = typer.Option(None, "--to-offset", min=0, help="Only records before this CommitLog offset; the CommitLog past it is not read (to within one --split-size)."),
+    since: Optional[str] = SinceOption,
+    until: Optional[str] = UntilOption,
+    tz: Optional[str] = typer.Option(None, "--tz", help="Time zone for --since/--until given without one: an IANA name (Asia/Shanghai), UTC, local, or +08:00. Default: $RMQSTORE_TZ, else UTC."),
+    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", min=0, help="Only records within this many CommitLog bytes from where the range starts (--from-offset, else the first segment), per store; a record counts whole (as dump counts)."),
+    limit: Optional[int] = typer.Option(None, "--limit", "-n", min=0, help="At most this many records: the first ones dump prints with the same filters (the stores in turn, each in CommitLog order), exactly, not a sample. Every split in range is still read. Needs --writer pyarrow."),
     config: Optional[Path] = ConfigOption,
     master: Optional[str] = MasterOption,
     conf: Optional[List[str]] = ConfOption,
@@ -119,19 +133,37 @@ def export(
     *, out: Output,
 ) -> None:
     """Every valid CommitLog record of the stores as one Parquet dataset: the message JSON
-    fields as typed columns, plus store and crcOk (see docs/pipeline.md)."""
+    fields as typed columns, plus store and crcOk (see docs/pipeline.md). With filters,
+    exactly the records rmqstore dump prints with the same options."""
     if partition_by not in (None, "topic"):
         raise fail("--partition-by supports: topic")
     if writer not in ("pyarrow", "spark"):
         raise fail("--writer must be pyarrow or spark")
+    if limit is not None and writer == "spark":
+        raise fail("--limit needs --writer pyarrow (Spark's writer cannot stop at an exact record)")
     size = _size(split_size)
+    flt = _filter(topic=topic, queue_id=queue_id, tag=tag, key=key, uniq_key=uniq_key,
+                  since=since, until=until, tz=tz, from_offset=from_offset,
+                  to_offset=to_offset, max_bytes=max_bytes, limit=limit)
     jobs, spark, progress, ready = _start(stores, master=master, conf=conf, python=python,
                                           config=config, out=out_dir)
     r = jobs.export(spark, ready.stores, ready.out, split_size=size, partition_by=partition_by,
-                    body=body, writer=writer, conf=config, progress=progress)
+                    body=body, writer=writer, conf=config, filter=flt, progress=progress)
     progress("done")
     out.record({"out": r.out, "records": r.records, "splits": r.splits, "files": len(r.files),
                 "rereadSplits": r.reread, **_spark_info(jobs, spark, ready)}, title="spark export")
+
+
+def _filter(*, tz, limit, **options):
+    """dump's :class:`~rmqstore.selection.MessageFilter` from the same options, made the
+    same way (:func:`cli.filters.filter_args`); None when no filter is given."""
+    from rmqstore.selection import MessageFilter
+
+    use_tz(tz)
+    given = filter_args(**options)
+    if limit is None and all(v is None for v in given.values()):
+        return None
+    return MessageFilter.make(**given, limit=limit)
 
 
 #: Why audit and rebuild-cq refuse hdfs://, s3a:// ... locations.

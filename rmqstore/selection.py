@@ -89,6 +89,18 @@ class MessageFilter:
     def needs_properties(self) -> bool:
         return self.tags is not None or self.keys is not None or self.uniq_keys is not None
 
+    def scan_start(self, first: int) -> int:
+        """Where a scan of a CommitLog whose first segment starts at ``first`` begins:
+        what ``max_bytes`` counts from."""
+        return first if self.from_offset is None else max(self.from_offset, first)
+
+    def scan_end(self, first: int) -> int | None:
+        """No record starting at or after this CommitLog offset can pass (``to_offset``,
+        ``max_bytes`` from :meth:`scan_start`); None when nothing bounds the scan."""
+        ends = [e for e in (self.to_offset, None if self.max_bytes is None
+                            else self.scan_start(first) + self.max_bytes) if e is not None]
+        return min(ends) if ends else None
+
     # --- the two forms ----------------------------------------------------------------
 
     def properties_match(self, props: dict[str, str]) -> bool:
@@ -186,7 +198,7 @@ class MessageScan:
         if not segs:
             self.stop = ScanStop(0, "end")
             return
-        start = segs[0].start if f.from_offset is None else max(f.from_offset, segs[0].start)
+        start = f.scan_start(segs[0].start)
         scan = None
         for k, seg in enumerate(segs):
             if f.to_offset is not None and seg.start >= f.to_offset:

@@ -85,7 +85,9 @@ class Split:
     end: int  # one past the last byte of the range
     max_record: int  # largest plausible TOTALSIZE (maxMessageSize + 64 KiB, spec §3.6)
     contiguous: bool = True  # the file starts where the previous one ended (spec §2)
-    start: int | None = None  # forced first record position: no resync
+    #: Forced first record position: no resync. One below ``begin`` (a range's first split
+    #: read alone) walks the chain from there, and only the records from ``begin`` are read.
+    start: int | None = None
 
     def with_start(self, start: int) -> Split:
         return dataclasses.replace(self, start=start)
@@ -189,6 +191,33 @@ def plan_splits(stores: Sequence[str] | Sequence[StoreFiles], split_size: int = 
             for b in begins:
                 out.append(Split(len(out), sf.store, path, fi, start, readable, sf.segment_size,
                                  b, min(b + split_size, readable), sf.max_record, contiguous))
+    return out
+
+
+def in_range(splits: Sequence[Split], lo: int | None = None, hi: int | None = None) -> list[Split]:
+    """The splits of one store that can hold records starting in ``[lo, hi)`` (CommitLog
+    offsets; None: open); the others are not read at all. Reading starts at the segment
+    holding ``lo``, as a sequential reader from ``lo`` starts (spec §4): the first split
+    kept in it is forced to start at the segment's start (see :attr:`Split.start`), so its
+    first record is proven by the size chain, never guessed by resync. A missing segment
+    before ``lo`` still ends the store's data there (spec §2), so the range gets nothing.
+    A file shorter than the segment size still holds ``lo`` up to its logical end: its
+    last split is kept, so damage before ``lo`` in it ends the data as it does for dump."""
+    out: list[Split] = []
+    gap = False
+    for s in splits:
+        if hi is not None and s.file_start + s.begin >= hi:
+            continue
+        reach = s.segment_size if s.end >= s.file_size else s.end
+        if lo is not None and s.file_start + reach <= lo:
+            gap |= not s.contiguous
+            continue
+        if not out or out[-1].file_index != s.file_index:
+            if s.begin > 0:
+                s = s.with_start(0)
+            if gap:
+                s, gap = dataclasses.replace(s, contiguous=False), False
+        out.append(s)
     return out
 
 
@@ -469,23 +498,36 @@ def open_split(split: Split) -> SplitScan:
         raise
 
 
-def _read(w: Window, s: Split) -> SplitScan:
-    forced = s.start is not None or s.begin == 0
-    first = (s.start if s.start is not None else s.begin) if forced else resync(w, s.begin, s.end)
-    if first is None:
-        starts, stop_pos, stop = [], s.begin, "none"
+def _chain(w: Window, first: int, end: int) -> tuple[scan.RecordColumns, int, str]:
+    """The records from ``first`` that start below ``end`` and whose lengths add up
+    (spec §3.9), as columns; and where and why the chain stopped."""
+    if w.complete and w.lo == 0:  # the whole file is mapped: the vectorised walk
+        starts, stop_pos, stop = scan.walk_range(w.buf, first, end, w.size)
     else:
-        if w.complete and w.lo == 0:  # the whole file is mapped: the vectorised walk
-            starts, stop_pos, stop = scan.walk_range(w.buf, first, s.end, w.size)
-        else:
-            starts, stop_pos, stop = _walk(w, first, s.end)
+        starts, stop_pos, stop = _walk(w, first, end)
     rel = np.array(starts, dtype=np.int64) - w.lo
-    cols = scan.columns(w.u8(), rel, s.file_start + w.lo)
+    cols = scan.columns(w.u8(), rel, w.split.file_start + w.lo)
     ok = scan.consistent(cols)
     if len(ok) and not ok.all():
         k = int(np.argmin(ok))
         stop, stop_pos = "half record", int(starts[k])
         cols = cols.take(slice(0, k))
+    return cols, stop_pos, stop
+
+
+def _read(w: Window, s: Split) -> SplitScan:
+    forced = s.start is not None or s.begin == 0
+    first = (s.start if s.start is not None else s.begin) if forced else resync(w, s.begin, s.end)
+    pos, stop = (s.begin, "none") if first is None else (first, "range")
+    # A forced start below the range proves where the range's first record is: the chain
+    # is walked and checked up to it a window at a time (memory stays at a window), and
+    # nothing before ``begin`` is returned.
+    while stop == "range" and pos < s.begin:
+        _, pos, stop = _chain(w, pos, min(pos + scan.WINDOW, s.begin))
+    if stop == "range":
+        cols, stop_pos, stop = _chain(w, pos, s.end)
+    else:
+        cols, stop_pos = scan.columns(w.u8(), np.zeros(0, np.int64), s.file_start + w.lo), pos
     b = Boundary(s.split_id, first, stop_pos, stop, len(cols), forced)
     return SplitScan(s, cols, b, w)
 

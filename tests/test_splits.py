@@ -185,6 +185,78 @@ def test_split_inside_blank_padding_owns_nothing(generated):
     assert got == expected
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 3), split_size=st.integers(24, 3000), lo=st.integers(0, 3 * SEG),
+       span=st.integers(1, 2 * SEG))
+def test_a_range_reads_only_its_splits_and_proves_where_it_starts(generated, seed, split_size, lo, span):
+    """Exactly the splits that can hold a record starting in [lo, hi) are kept; the first
+    one kept in a segment, when it starts mid-segment, walks the chain from the segment's
+    start (the fake records in bodies cannot fool it) and returns exactly the records a
+    sequential walk sees in its own range; stitched, the range is what the walk sees."""
+    root, expected = generated[seed]
+    hi = lo + span
+    whole = S.plan_splits([root], split_size)
+    splits = S.in_range(whole, lo, hi)
+    assert [s.split_id for s in splits] == [
+        s.split_id for s in whole if s.file_start + s.end > lo and s.file_start + s.begin < hi]
+    firsts: dict[int, S.Split] = {}
+    for s in splits:
+        firsts.setdefault(s.file_index, s)
+    assert all(s.start == 0 for s in firsts.values() if s.begin > 0)
+    for s in splits:
+        with S.open_split(s) as sc:
+            got = sc.records.offset.tolist()
+        assert all(o >= s.file_start + s.begin for o in got)
+        if s.start is not None:  # read alone from mid-segment
+            assert s.start == 0 < s.begin
+            assert got == [o for o in expected
+                           if s.file_start + s.begin <= o < s.file_start + s.end]
+    _, got = _offsets(splits)
+    assert [o for o in got if lo <= o < hi] == [o for o in expected if lo <= o < hi]
+
+
+@pytest.mark.skipif(not ROCKETMQ_498.is_dir(), reason="fixtures absent")
+def test_a_missing_segment_before_the_range_ends_the_data(tmp_path):
+    """spec §2: data ends at a missing segment, also when the range starts after it (as
+    a sequential reader from lo sees it: it checks the segments before lo are contiguous)."""
+    import shutil
+
+    root = tmp_path / "basic"
+    shutil.copytree(ROCKETMQ_498 / "basic", root)
+    (root / "commitlog" / f"{2 * 65536:020d}").unlink()
+    lo = 4 * 65536 + 100
+    splits = S.in_range(S.plan_splits([str(root)], 20000), lo, None)
+    st_, got = _offsets(splits)
+    assert got == [] and st_.ends[str(root)].reason == "missing segment"
+    _, whole = _offsets(S.plan_splits([str(root)], 20000))
+    assert whole and max(whole) < 2 * 65536
+
+
+@pytest.mark.skipif(not ROCKETMQ_498.is_dir(), reason="fixtures absent")
+@pytest.mark.parametrize("cut", [29471, 29571])  # at a record's end (README walk), inside one
+def test_a_short_segment_holding_the_range_start_is_still_walked(tmp_path, cut):
+    """A segment file shorter than the segment size holds lo up to its logical end: as
+    dump's sequential scan (the golden data), the range's reading walks it from its start,
+    so a torn record before lo ends the data and a clean file end does not."""
+    import shutil
+
+    from rmqstore.reader import open_store
+    from rmqstore.selection import MessageFilter
+
+    root = tmp_path / "basic"
+    shutil.copytree(ROCKETMQ_498 / "basic", root)
+    seg = root / "commitlog" / f"{2 * 65536:020d}"
+    seg.chmod(0o644)
+    with open(seg, "r+b") as f:
+        f.truncate(cut)
+    lo = 2 * 65536 + 40000
+    with open_store(root) as reader:
+        want = [m.commit_log_offset for m in reader.scan(MessageFilter(from_offset=lo)).messages()]
+    assert bool(want) == (cut == 29471)
+    _, got = _offsets(S.in_range(S.plan_splits([str(root)], 20000), lo, None))
+    assert [o for o in got if o >= lo] == want
+
+
 # --- fixture stores --------------------------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ from .. import arrowview as AV
 from .. import stats as ST
 from .. import __version__
 from ..errors import InputError, RmqStoreError, SparkError
+from ..selection import MessageFilter
 from . import audit as A
 from . import output as O
 from . import preflight as P
@@ -227,35 +228,49 @@ def _spark_schema(arrow_schema) -> T.StructType:
     return T.StructType([T.StructField(f.name, conv(f.type), f.nullable) for f in arrow_schema])
 
 
+_EXPORTED = _BOUNDARY + [T.StructField("rows", T.LongType())]
+
+
 @_maps_task_errors
 def export(spark: SparkSession, stores: Stores, out: str, *,
            split_size: int = S.DEFAULT_SPLIT_SIZE, partition_by: str | None = None,
            body: bool = True, writer: str = "pyarrow", conf=None,
-           progress: Progress = _quiet) -> O.ExportResult:
+           filter: MessageFilter | None = None, progress: Progress = _quiet) -> O.ExportResult:
     """Every valid record of ``stores`` as one Parquet dataset at ``out`` (schema:
     :func:`splits.ARROW_SCHEMA`). ``writer="pyarrow"`` (default, measured faster): tasks
     write and commit their own files. ``writer="spark"``: Spark's Parquet writer, after a
     boundary-only pass so every split knows its exact start. The result's ``out`` is
-    the absolute URI written to."""
+    the absolute URI written to.
+
+    ``filter``: only the records ``rmqstore dump`` gives with the same
+    :class:`~rmqstore.selection.MessageFilter` (applied in the tasks to each split's
+    columns); splits outside its offset range are not read. Its ``limit`` (the first rows
+    in the stores' order and CommitLog order) needs ``writer="pyarrow"``."""
+    if filter is not None and filter.limit is not None and writer == "spark":
+        raise InputError("a limit needs the pyarrow writer: Spark's writer cannot stop at an "
+                         "exact record")
     progress("planning splits")
-    splits = S.plan_splits(list(store_files(stores, conf).values()), split_size)
+    splits, starts = O.plan(list(store_files(stores, conf).values()), split_size, filter)
     out = P.absolute_uri(out)
+    job = O.ExportJob(out, partition_by=partition_by, body=body, filter=filter, starts=starts)
     if writer == "spark":
-        return _export_spark_writer(spark, splits, out, partition_by, body, progress)
+        return _export_spark_writer(spark, splits, job, progress)
     O.prepare(out)
-    job = O.ExportJob(out, partition_by=partition_by, body=body)
 
     def task(split, attempt):
-        yield _boundary_batch([O.write_split(split, job, attempt)])
+        b, n = O.write_split(split, job, attempt)
+        yield _exported_batch(b, n)
 
     progress(f"export: {len(splits)} splits")
-    rows = _over_splits(spark, splits, task, T.StructType(_BOUNDARY)).collect()
+    rows = _over_splits(spark, splits, task, T.StructType(_EXPORTED)).collect()
     bounds = {r["split_id"]: _boundary(r) for r in rows}
-    progress("checking split chain")
-    st, replaced = S.resolve(splits, bounds, lambda s: O.write_split(s, job, "driver", replace=True))
-    progress("committing")
-    files = O.commit(job, st.keep)
-    return O.ExportResult(out, len(splits), st.records, files, st.ends, len(replaced))
+    return O.finish(job, splits, bounds, {r["split_id"]: r["rows"] for r in rows}, progress)
+
+
+def _exported_batch(b: S.Boundary, rows: int):
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pylist([{**b.as_row(), "rows": rows}], schema=_arrow(_EXPORTED))
 
 
 @_maps_task_errors
@@ -270,11 +285,13 @@ def boundaries(spark: SparkSession, splits: Sequence[S.Split]) -> tuple[S.Stitch
 
 
 def _exact(splits, st: S.Stitched, replaced) -> list[S.Split]:
-    """Kept splits with forced starts (so a decode pass cannot resync differently)."""
-    return [replaced.get(sid, splits[sid]) for sid in st.keep]
+    """Kept splits with forced starts (so a decode pass cannot resync differently).
+    ``splits`` may be a subset of a plan (an export's offset range): found by id."""
+    by_id = {s.split_id: s for s in splits}
+    return [replaced.get(sid, by_id[sid]) for sid in st.keep]
 
 
-def _export_spark_writer(spark, splits, out, partition_by, body, progress) -> O.ExportResult:
+def _export_spark_writer(spark, splits, job: O.ExportJob, progress) -> O.ExportResult:
     progress(f"boundaries: {len(splits)} splits")
     st, replaced = boundaries(spark, splits)
     todo = _exact(splits, st, replaced)
@@ -282,20 +299,22 @@ def _export_spark_writer(spark, splits, out, partition_by, body, progress) -> O.
 
     def task(split, attempt):
         with S.open_split(split) as sc:
-            yield from AV.iter_batches(sc.records, split.store, body=body)
+            yield from AV.iter_batches(job.select(sc.records, split), split.store, body=job.body)
 
     progress(f"export (Spark writer): {len(todo)} splits")
     # re-number so task i reads todo[i]
     todo = [S.Split(i, *[getattr(s, f) for f in S.Split.__dataclass_fields__ if f != "split_id"])
             for i, s in enumerate(todo)]
     df = _over_splits(spark, todo, task, _spark_schema(schema))
+    out = job.out
     if not S.is_remote(out) and os.path.isdir(P.local_path(out)):
         os.rmdir(P.local_path(out))  # empty (checked): Spark's writer wants to create it
     w = df.write.mode("errorifexists").option("compression", "snappy")
-    if partition_by:
-        w = w.partitionBy(partition_by)
+    if job.partition_by:
+        w = w.partitionBy(job.partition_by)
     w.parquet(out)
-    return O.ExportResult(out, len(splits), st.records, [], st.ends, len(replaced))
+    records = st.records if job.filter is None else O.count_rows(out)
+    return O.ExportResult(out, len(splits), records, [], st.ends, len(replaced))
 
 
 # --- stats -----------------------------------------------------------------------------

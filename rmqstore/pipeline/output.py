@@ -13,16 +13,18 @@ Measured against Spark's own Parquet writer, writing inside tasks was the faster
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
 import uuid
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from .. import splits as S
 
 from .. import arrowview as AV
 from ..errors import InputError
+from ..selection import MessageFilter
 
 #: Characters Spark escapes in partition directory names (ExternalCatalogUtils), so Spark
 #: and pyarrow's hive partitioning both read the directory names back to the topic.
@@ -51,6 +53,11 @@ class ExportJob:
     partition_by: str | None = None
     body: bool = True
     rows_per_group: int = 65536
+    #: Which records to write (None: all): the filter of ``rmqstore dump``, applied to each
+    #: split's columns; ``limit`` caps the rows of one split (the driver cuts the total).
+    filter: MessageFilter | None = None
+    #: Per store, where its range starts (what ``max_bytes`` counts from).
+    starts: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def temp(self) -> str:
@@ -58,6 +65,15 @@ class ExportJob:
 
     def split_dir(self, split_id: int) -> str:
         return posixpath.join(self.temp, f"split-{split_id:06d}")
+
+    def select(self, records, split: S.Split):
+        """The records of a split to write: :meth:`MessageFilter.select` over its columns
+        (the same code as ``rmqstore dump``), at most ``limit`` of them."""
+        f = self.filter
+        if f is None:
+            return records
+        chosen = f.select(records, self.starts.get(split.store))
+        return records.take(chosen if f.limit is None else chosen[:f.limit])
 
 
 def prepare(out: str) -> str:
@@ -75,11 +91,14 @@ def prepare(out: str) -> str:
     return path
 
 
-def write_split(split: S.Split, job: ExportJob, attempt: str, *, replace: bool = False) -> S.Boundary:
-    """Read one split, write its rows as Parquet into an attempt directory, commit it.
+def write_split(split: S.Split, job: ExportJob, attempt: str, *,
+                replace: bool = False) -> tuple[S.Boundary, int]:
+    """Read one split, write its rows (those ``job`` selects) as Parquet into an attempt
+    directory, commit it.
 
     With ``partition_by="topic"`` rows go to ``topic=<escaped>/`` directories without a
-    ``topic`` column (Hive layout). Returns the split's boundary for the chain check.
+    ``topic`` column (Hive layout). Returns the split's boundary for the chain check and
+    the number of rows written.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -106,7 +125,9 @@ def write_split(split: S.Split, job: ExportJob, attempt: str, *, replace: bool =
     try:
         with S.open_split(split) as sc:
             boundary = sc.boundary
-            for batch in AV.iter_batches(sc.records, split.store, body=job.body, rows=job.rows_per_group):
+            records = job.select(sc.records, split)
+            written = len(records)
+            for batch in AV.iter_batches(records, split.store, body=job.body, rows=job.rows_per_group):
                 if not job.partition_by:
                     writer("").write_batch(batch)
                     continue
@@ -133,7 +154,7 @@ def write_split(split: S.Split, job: ExportJob, attempt: str, *, replace: bool =
     except (FileExistsError, OSError):
         # Another attempt of this split committed first; ours is redundant.
         fs.delete_dir(att)
-    return boundary
+    return boundary, written
 
 
 def commit(job: ExportJob, keep: Sequence[int]) -> list[str]:
@@ -165,38 +186,97 @@ def commit(job: ExportJob, keep: Sequence[int]) -> list[str]:
 @dataclass
 class ExportResult:
     out: str
-    splits: int
-    records: int
+    splits: int  # splits read (with a filter's offset range: only those it needs)
+    records: int  # rows written
     files: list[str]
-    ends: dict[str, S.StoreEnd]
+    ends: dict[str, S.StoreEnd]  # where valid data ends, in the splits read
     reread: int  # splits re-read with a forced start after a wrong resync
 
 
+def plan(stores: Sequence[S.StoreFiles], split_size: int,
+         flt: MessageFilter | None = None) -> tuple[list[S.Split], dict[str, int]]:
+    """The splits an export reads and, per store, where its range starts (what
+    ``max_bytes`` counts from, as ``rmqstore dump`` counts it). With an offset range or
+    ``max_bytes``, splits that cannot hold a selected record are left out
+    (:func:`splits.in_range`)."""
+    splits = S.plan_splits(list(stores), split_size)
+    if flt is None or (flt.from_offset is None and flt.to_offset is None and flt.max_bytes is None):
+        return splits, {}
+    out: list[S.Split] = []
+    starts: dict[str, int] = {}
+    for sf in stores:
+        first = sf.files[0][1] if sf.files else 0
+        starts[sf.store] = flt.scan_start(first)
+        out += S.in_range([s for s in splits if s.store == sf.store], flt.from_offset,
+                          flt.scan_end(first))
+    return out, starts
+
+
+def finish(job: ExportJob, splits: Sequence[S.Split], boundaries: dict[int, S.Boundary],
+           written: dict[int, int], progress=lambda stage: None) -> ExportResult:
+    """After the split tasks: the chain check (wrong resyncs rewritten here), the cut at
+    ``limit`` (the first rows in the stores' order and CommitLog order, as ``rmqstore dump``
+    gives them: the split where the limit falls is rewritten with the rows it may keep,
+    later splits are dropped), then the job commit."""
+    by_id = {s.split_id: s for s in splits}
+
+    def again(s: S.Split) -> S.Boundary:
+        b, written[s.split_id] = write_split(s, job, "driver", replace=True)
+        return b
+
+    progress("checking split chain")
+    st, replaced = S.resolve(splits, boundaries, again)
+    keep = st.keep
+    limit = job.filter.limit if job.filter is not None else None
+    if limit is not None:
+        keep, left = [], limit
+        for sid in st.keep:  # split ids follow the stores' order, then CommitLog order
+            if left == 0:
+                break
+            if written[sid] > left:
+                cut = dataclasses.replace(job, filter=dataclasses.replace(job.filter, limit=left))
+                _, written[sid] = write_split(replaced.get(sid, by_id[sid]), cut, "limit", replace=True)
+            keep.append(sid)
+            left -= written[sid]
+    progress("committing")
+    files = commit(job, keep)
+    return ExportResult(job.out, len(splits), sum(written[sid] for sid in keep), files, st.ends,
+                        len(replaced))
+
+
+def count_rows(out: str) -> int:
+    """Rows of the Parquet dataset at ``out`` (from the files' footers)."""
+    import pyarrow.dataset as ds
+
+    fs, path = filesystem(out)
+    return ds.dataset(path, filesystem=fs, format="parquet", partitioning="hive").count_rows()
+
+
 def export_local(stores: Sequence[str], out: str, *, split_size: int = S.DEFAULT_SPLIT_SIZE,
-                 partition_by: str | None = None, body: bool = True, processes: int = 1) -> ExportResult:
+                 partition_by: str | None = None, body: bool = True, processes: int = 1,
+                 filter: MessageFilter | None = None) -> ExportResult:
     """The export without Spark: the same split writer and commit, in this process (or a
     process pool). The single-process baseline of the Spark benchmark."""
     prepare(out)
-    job = ExportJob(out, partition_by=partition_by, body=body)
-    splits = S.plan_splits(list(stores), split_size)
+    files = [S.list_store(s) for s in stores]
+    splits, starts = plan(files, split_size, filter)
+    job = ExportJob(out, partition_by=partition_by, body=body, filter=filter, starts=starts)
     from functools import partial
 
     task = partial(_local_task, job=job)
     boundaries: dict[int, S.Boundary] = {}
+    written: dict[int, int] = {}
     if processes > 1 and len(splits) > 1:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(processes) as pool:
-            for s, b in zip(splits, pool.map(task, splits)):
-                boundaries[s.split_id] = b
+            for s, (b, n) in zip(splits, pool.map(task, splits)):
+                boundaries[s.split_id], written[s.split_id] = b, n
     else:
         for s in splits:
-            boundaries[s.split_id] = task(s)
-    st, replaced = S.resolve(splits, boundaries,
-                             lambda s: write_split(s, job, "reread", replace=True))
-    files = commit(job, st.keep)
-    return ExportResult(out, len(splits), st.records, files, st.ends, len(replaced))
+            boundaries[s.split_id], written[s.split_id] = task(s)
+    return finish(job, splits, boundaries, written)
 
 
-def _local_task(split: S.Split, job: ExportJob) -> S.Boundary:
+def _local_task(split: S.Split, job: ExportJob) -> tuple[S.Boundary, int]:
     return write_split(split, job, "0")
