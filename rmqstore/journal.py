@@ -214,13 +214,22 @@ def abandoned_begin(jdir: Path, root: Path) -> bool:
         return False
     if not names <= {MANIFEST, JOURNAL, MANIFEST + ".tmp"} or os.path.lexists(root / MARKER):
         return False
-    try:
-        with open(jdir / MANIFEST, "rb") as f:
-            doc = json.loads(f.read() or b"{}")
-    except (OSError, ValueError):
-        doc = None
-    if MANIFEST in names and (not isinstance(doc, dict) or doc.get("store") != str(root)):
-        return False
+    if MANIFEST in names:
+        try:
+            with open(jdir / MANIFEST, "rb") as f:
+                raw = f.read()
+        except OSError:
+            return False
+        try:
+            doc = json.loads(raw)
+            ours = isinstance(doc, dict) and doc.get("store") == str(root)
+        except ValueError:
+            # Killed while writing it: empty, or the start of what :meth:`Journal.begin`
+            # writes (its first key is the format).
+            head = ('{\n  "format": ' + json.dumps(FORMAT)).encode()
+            ours = raw[:len(head)] == head[:len(raw)]
+        if not ours:
+            return False
     try:
         with open(jdir / JOURNAL, "rb") as f:
             events = f.read().decode("utf-8", "replace")

@@ -640,3 +640,30 @@ def test_a_linked_top_level_directory_is_restored_where_it_leads(fixtures_root, 
         repair(killed, backup_dir=tmp_path / "k.b", clock=CLOCK)
     repair(killed, backup_dir=tmp_path / "k.b2", clock=CLOCK)
     assert both(killed)[1] == both(ref)[1] and (killed / "consumequeue").is_symlink()
+
+
+@pytest.mark.parametrize("manifest", [None, b"", b'{\n  "format": "rmqstore-repair-journal/1",\n  "rmq'])
+def test_a_backup_folder_left_before_the_marker_is_used_again(tmp_path, manifest):
+    """A repair killed while it created its journal (before the store's marker, so before
+    any change) left the folder the operator named with --backup: the same command must
+    work again (it refused: "already exists and is not empty")."""
+    from rmqstore.journal import JOURNAL, MANIFEST, abandoned_begin
+
+    store, backup = tmp_path / "store", tmp_path / "backup"
+    store.mkdir()
+    backup.mkdir()
+    if manifest is not None:
+        (backup / MANIFEST).write_bytes(manifest)
+    (backup / JOURNAL).write_bytes(b'{"event":"begin"}\n' if manifest else b"")
+    assert abandoned_begin(backup, store)
+    # Not ours, or further along: never taken.
+    (backup / JOURNAL).write_bytes(b'{"event":"start","step":1}\n')
+    assert not abandoned_begin(backup, store)
+    (backup / JOURNAL).write_bytes(b"")
+    (backup / "notes.txt").write_text("mine")
+    assert not abandoned_begin(backup, store)
+    (backup / "notes.txt").unlink()
+    (backup / MANIFEST).write_text('{"store": "/elsewhere"}')
+    assert not abandoned_begin(backup, store)
+    (backup / MANIFEST).write_text("my own manifest")
+    assert not abandoned_begin(backup, store)
