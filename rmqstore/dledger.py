@@ -18,6 +18,7 @@ docs/dledger.md.
 
 from __future__ import annotations
 
+import operator
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,7 +82,6 @@ INDEX_UNIT_STRUCT = L.derive_struct(DLedgerIndexUnit)
 INDEX_UNIT_DTYPE = L.derive_dtype(DLedgerIndexUnit)
 INDEX_UNIT_FIELDS = L.derive_fields(DLedgerIndexUnit)
 _I32 = L.derive_struct(Struct("v" / Int32sb))
-_I64 = L.derive_struct(Struct("v" / Int64sb))
 
 assert ENTRY_HEADER_SIZE == DLEDGER_BODY_OFFSET
 assert INDEX_UNIT_DTYPE.itemsize == DLEDGER_INDEX_UNIT_SIZE
@@ -309,10 +309,12 @@ class LedgerFiles:
 
     @property
     def refusing_problems(self) -> list[SegmentProblem]:
-        """Problems that stop DLedger from loading: every file in ``data/`` and ``index/``
-        must be exactly the configured size and the names must step by it."""
-        return [p for p in self.problems if p.code in (
-            "wrong-size", "empty-file", "gap", "misaligned", "stray-file", "symlink", "special-file")]
+        """Problems that stop DLedger from loading (``MmapFileList#doLoad``, ``checkSelf``):
+        every entry of ``data/`` and ``index/`` must be a file of exactly the configured size
+        with a numeric name, the names stepping by that size. (A symbolic link to such a file
+        DLedger would load; rmqstore reports it and does not read through it.)"""
+        return [p for p in self.problems
+                if p.code in ("wrong-size", "empty-file", "gap", "stray-file", "special-file")]
 
     def close(self) -> None:
         for s in [*self.data.segments, *self.index.segments]:
@@ -599,8 +601,12 @@ class DLedgerLog:
         """(data file, position) of a CommitLog offset: file ``offset - offset % size``,
         position ``offset % size`` (``DLedgerCommitLog#getData``). :class:`OffsetError`
         when no data file holds it."""
-        if not isinstance(offset, int) or offset < 0:
-            raise OffsetError(f"offset {offset!r} is not a CommitLog offset", self.ledger_dir, None)
+        try:
+            offset = operator.index(offset)  # ints and numpy integers, nothing else
+        except TypeError:
+            offset = -1
+        if offset < 0:
+            raise OffsetError("not a CommitLog offset", self.ledger_dir, None)
         return self.files.data.find(offset)
 
     def offset_of(self, segment: Segment | str | Path, position: int) -> int:
