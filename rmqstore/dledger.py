@@ -1,348 +1,44 @@
-"""DLedger CommitLogs: the entry layout, the files of a ``dledger-<selfId>`` folder, the
-entry chain as DLedger's own recovery walks it, and CommitLog offsets <-> file positions.
+"""DLedger CommitLogs: the entry chain as DLedger's own recovery walks it, the records in
+it, and CommitLog offsets <-> data-file positions (issue #14).
 
 With ``enableDLegerCommitLog=true`` the CommitLog lives in ``dledger-<selfId>/data/`` as
 DLedger entries: a 48-byte header, then one complete CommitLog record (spec §3.1) whose
 PHYSICALOFFSET is the entry's ``pos + 48``. That record offset is what the ConsumeQueue,
 the IndexFiles, offsetMsgIds and put results hold, so everything that works on record
-start positions works here unchanged; only the framing differs (design-14 §1, D1).
+start positions works here unchanged; only the framing differs (design-14 §1, D1). The
+layout is in :mod:`rmqstore.dledger_layout`, the files in :mod:`rmqstore.dledger_files`.
 
 Where valid data ends is decided as ``DLedgerMmapFileStore#recover`` (DLedger 0.3.1.2)
 decides it (design-14 §1.5, D2): :meth:`DLedgerLog.walk`. Nothing here writes: files are
-opened read-only and mapped ``ACCESS_READ`` (:class:`~rmqstore.segments.SegmentQueue`),
-symbolic links and special files inside the folders are reported, never read.
+opened read-only and mapped ``ACCESS_READ`` (:class:`~rmqstore.segments.SegmentQueue`).
 
-Not wired into the reader, CLI or store-kind detection yet (issue #14 WP1); see
-docs/dledger.md.
+Not wired into the reader, CLI or store-kind detection yet; see docs/dledger.md.
 """
 
 from __future__ import annotations
 
 import operator
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
-from construct import Const, Int32sb, Int64sb, Struct
 
 from . import layout as L
 from .codec import Message, decode_record
+from .dledger_files import (LEDGER_DIR, CurrTerm, LedgerCheckpoint, LedgerFiles, find_ledger_dirs,
+                            list_files, read_checkpoint, read_currterm)
+from .dledger_layout import (DLEDGER_BLANK_MAGIC, DLEDGER_BODY_OFFSET, DLEDGER_HEADER_SIZE,
+                             DLEDGER_INDEX_UNIT_SIZE, DLEDGER_MAGIC, ENTRY_HEADER_DTYPE,
+                             ENTRY_HEADER_SIZE, ENTRY_HEADER_STRUCT, INDEX_UNIT_DTYPE,
+                             INDEX_UNIT_STRUCT, EntryHeader, I32_STRUCT as _I32, entry_pos,
+                             record_offset)
 from .errors import ConfigError, NotAStoreError, OffsetError, RecordError, SegmentError
-from .listing import LONG_MAX, entries, odd_entry, offset_name, open_regular
-from .segments import Segment, SegmentProblem, SegmentQueue
+from .segments import Segment, SegmentQueue
 
-# --- layout (design-14 §1.1, §1.2) -------------------------------------------------------
-# These belong in the format layer (today rmqstore/layout.py, after the #13 restructure
-# format/layout.py) beside RecordHead/BlankRecord; they live here until then so this
-# module lands without touching files that are being moved.
-
-DLEDGER_MAGIC = 1  # DLedgerMmapFileStore.CURRENT_MAGIC (= MAGIC_1): the only magic recovery keeps
-DLEDGER_BLANK_MAGIC = -1  # MmapFileList.BLANK_MAGIC_CODE: rest of the data file is filler
-DLEDGER_HEADER_SIZE = 44  # DLedgerEntry.HEADER_SIZE: recovery requires size > this
-DLEDGER_BODY_OFFSET = 48  # DLedgerEntry.BODY_OFFSET: the record starts here
-DLEDGER_INDEX_UNIT_SIZE = 32  # DLedgerMmapFileStore.INDEX_UNIT_SIZE
-DLEDGER_MIN_BLANK = 8  # MmapFileList.MIN_BLANK_LEN: an entry never ends closer to the file end
-#: DLedgerConfig.mappedFileSizeForEntryIndex default (32 x 5 Mi); RocketMQ never sets it.
-DEFAULT_INDEX_FILE_SIZE = DLEDGER_INDEX_UNIT_SIZE * 5 * 1024 * 1024
-
-#: DLedgerEntryCoder#encode: the header before each record (big-endian, like the CommitLog).
-DLedgerEntryHeader = Struct(
-    "magic" / Int32sb,
-    "size" / Int32sb,  # whole entry, header included
-    "index" / Int64sb,  # +1 per entry
-    "term" / Int64sb,  # Raft term, never decreasing
-    "pos" / Int64sb,  # absolute offset of the entry itself
-    "channel" / Int32sb,  # reserved (0)
-    "chain_crc" / Int32sb,  # not computed by DLedger 0.3.1.2 (0)
-    "body_crc" / Int32sb,  # not computed by DLedger 0.3.1.2 (0)
-    "body_size" / Int32sb,  # the record's TOTALSIZE; body_size + 48 == size
-)
-
-#: MmapFileList#preAppend: magic -1, the bytes left in the file, then zeros to its end.
-#: (The CommitLog BLANK is size-then-magic; this one is magic-then-size.)
-DLedgerBlank = Struct("magic" / Const(DLEDGER_BLANK_MAGIC, Int32sb), "size" / Int32sb)
-
-#: DLedgerEntryCoder#encodeIndex: unit ``i`` of the index stream sits at ``i * 32``.
-DLedgerIndexUnit = Struct(
-    "magic" / Int32sb,
-    "pos" / Int64sb,
-    "size" / Int32sb,
-    "index" / Int64sb,
-    "term" / Int64sb,
-)
-
-ENTRY_HEADER_STRUCT = L.derive_struct(DLedgerEntryHeader)
-ENTRY_HEADER_DTYPE = L.derive_dtype(DLedgerEntryHeader)
-ENTRY_HEADER_FIELDS = L.derive_fields(DLedgerEntryHeader)
-ENTRY_HEADER_SIZE = DLedgerEntryHeader.sizeof()  # 48: header fields incl. body_size
-DLEDGER_BLANK_STRUCT = L.derive_struct(DLedgerBlank)
-INDEX_UNIT_STRUCT = L.derive_struct(DLedgerIndexUnit)
-INDEX_UNIT_DTYPE = L.derive_dtype(DLedgerIndexUnit)
-INDEX_UNIT_FIELDS = L.derive_fields(DLedgerIndexUnit)
-_I32 = L.derive_struct(Struct("v" / Int32sb))
-
-assert ENTRY_HEADER_SIZE == DLEDGER_BODY_OFFSET
-assert INDEX_UNIT_DTYPE.itemsize == DLEDGER_INDEX_UNIT_SIZE
-
-
-@dataclass(frozen=True)
-class EntryHeader:
-    """One decoded entry header (the fields of :data:`DLedgerEntryHeader`)."""
-
-    magic: int
-    size: int
-    index: int
-    term: int
-    pos: int
-    channel: int
-    chain_crc: int
-    body_crc: int
-    body_size: int
-
-    @property
-    def record_offset(self) -> int:
-        """The CommitLog offset of the record inside (PHYSICALOFFSET, CQ, IndexFile)."""
-        return self.pos + DLEDGER_BODY_OFFSET
-
-
-def record_offset(entry_pos: int) -> int:
-    """CommitLog offset of the record in the entry at ``entry_pos`` (design-14 §1.4)."""
-    return entry_pos + DLEDGER_BODY_OFFSET
-
-
-def entry_pos(record_offset: int) -> int:
-    """Position of the entry holding the record at CommitLog offset ``record_offset``."""
-    return record_offset - DLEDGER_BODY_OFFSET
-
-
-# --- checkpoint and currterm (design-14 §1.3) --------------------------------------------
-
-#: Small text files are Java properties of a few dozen bytes; anything far larger is not one.
-_SMALL_FILE_LIMIT = 64 * 1024
-_JAVA_LONG = re.compile(r"^[+-]?[0-9]+$")
-
-
-@dataclass
-class LedgerCheckpoint:
-    """``dledger-<id>/checkpoint`` (``DLedgerMmapFileStore#persistCheckPoint``), every 3 s
-    and at shutdown: ``committedIndex``/``endIndex``. ``None`` where absent or blank.
-    ``problems`` name what DLedger itself would choke on (an unparsable number makes its
-    recovery throw: the broker does not start)."""
-
-    path: Path
-    exists: bool
-    committed_index: int | None = None
-    end_index: int | None = None
-    tmp_left: bool = False  # checkpoint.tmp: a crash during IOUtils#string2File
-    bak_exists: bool = False  # incidental: written whenever a previous file existed
-    problems: list[str] = field(default_factory=list)
-
-
-@dataclass
-class CurrTerm:
-    """``dledger-<id>/currterm`` (``MemberState#persistTerm``): the node's term and vote."""
-
-    path: Path
-    exists: bool
-    term: int | None = None
-    vote_leader: str | None = None
-    problems: list[str] = field(default_factory=list)
-
-
-def parse_java_properties(text: str) -> dict[str, str]:
-    """``java.util.Properties#load`` of ``text`` (comments, ``=``/``:``/space separators,
-    escapes, continuation lines), a repeated key winning. Raises ValueError when the text
-    is not loadable (Java's ``IOUtils#string2Properties`` then returns null)."""
-    from jproperties import ParseError, Properties
-
-    props = Properties()
-    try:
-        props.load(text, "iso-8859-1")
-    except (ParseError, UnicodeError) as e:
-        raise ValueError(str(e)) from None
-    return {k: v.data for k, v in props.items()}
-
-
-def _read_small(path: Path) -> tuple[bool, str | None, str | None]:
-    """(exists, text, problem) of a small store file, never through a link or a FIFO."""
-    ent = next((e for e in entries(path.parent) if e.name == path.name), None)
-    if ent is None:
-        return False, None, None
-    odd = odd_entry(ent)
-    if odd is not None:
-        return True, None, odd[1]
-    if ent.kind != "file":
-        return True, None, "not a regular file"
-    if ent.size > _SMALL_FILE_LIMIT:
-        return True, None, f"{ent.size} bytes: too large for a DLedger properties file"
-    try:
-        with open_regular(path) as f:
-            data = f.read(_SMALL_FILE_LIMIT + 1)
-    except OSError as e:
-        return True, None, f"cannot read: {e.strerror or e}"
-    return True, data.decode("iso-8859-1"), None
-
-
-def _java_long(raw: str, what: str, problems: list[str]) -> int | None:
-    """``Long.valueOf(String.valueOf(v).trim())`` as DLedger parses it; None when blank."""
-    text = raw.strip()
-    if not text:
-        return None
-    if not _JAVA_LONG.match(text) or not -2**63 <= int(text) <= LONG_MAX:
-        problems.append(f"{what}={raw!r} is not a Java long: DLedger's recovery throws on it "
-                        "and the broker does not start")
-        return None
-    return int(text)
-
-
-def read_checkpoint(ledger_dir: str | Path) -> LedgerCheckpoint:
-    """Parse ``<ledger_dir>/checkpoint`` the way ``DLedgerMmapFileStore#loadCheckPoint``
-    does (a missing or unloadable file: no committed index). Never raises for its contents."""
-    d = Path(ledger_dir)
-    path = d / "checkpoint"
-    exists, text, problem = _read_small(path)
-    ck = LedgerCheckpoint(path, exists, tmp_left=(d / "checkpoint.tmp").exists(),
-                          bak_exists=(d / "checkpoint.bak").exists())
-    if problem:
-        ck.problems.append(problem)
-    if text is None:
-        return ck
-    try:
-        props = parse_java_properties(text)
-    except ValueError as e:
-        ck.problems.append(f"not Java properties text ({e}): DLedger ignores it")
-        return ck
-    if "committedIndex" in props:
-        ck.committed_index = _java_long(props["committedIndex"], "committedIndex", ck.problems)
-    if "endIndex" in props:
-        ck.end_index = _java_long(props["endIndex"], "endIndex", ck.problems)
-    return ck
-
-
-def read_currterm(ledger_dir: str | Path) -> CurrTerm:
-    """Parse ``<ledger_dir>/currterm`` as ``MemberState#loadTerm`` does."""
-    path = Path(ledger_dir) / "currterm"
-    exists, text, problem = _read_small(path)
-    ct = CurrTerm(path, exists)
-    if problem:
-        ct.problems.append(problem)
-    if text is None:
-        return ct
-    try:
-        props = parse_java_properties(text)
-    except ValueError as e:
-        ct.problems.append(f"not Java properties text ({e}): DLedger ignores it")
-        return ct
-    if "currTerm" in props:
-        ct.term = _java_long(props["currTerm"], "currTerm", ct.problems)
-    if "voteLeader" in props:
-        ct.vote_leader = props["voteLeader"] or None
-    return ct
-
-
-# --- the files of a dledger-<selfId> folder -----------------------------------------------
-
-LEDGER_DIR = re.compile(r"^dledger-.+$")
-
-
-def find_ledger_dirs(root: str | Path) -> list[Path]:
-    """``dledger-<selfId>`` folders of a store root holding ``data/`` or ``index/`` (not
-    following links inside the root), sorted by name."""
-    out = []
-    for e in entries(root):
-        if e.kind == "dir" and LEDGER_DIR.match(e.name):
-            kinds = {c.name: c.kind for c in entries(e.path)}
-            if kinds.get("data") == "dir" or kinds.get("index") == "dir":
-                out.append(e.path)
-    return out
-
-
-def _files_size(dirs: Iterable[Path]) -> int | None:
-    """The size most well-named files in ``dirs`` have (ties: the first file's), or None."""
-    sizes: dict[int, int] = {}
-    for d in dirs:
-        for e in entries(d):
-            if e.kind == "file" and offset_name(e.name) is not None and e.size > 0:
-                sizes[e.size] = sizes.get(e.size, 0) + 1
-    if not sizes:
-        return None
-    return max(sizes, key=lambda s: sizes[s])
-
-
-def _file_size(dirs: list[Path], configured: int | None, what: str, default: int) -> int:
-    """The file size of a DLedger file list: from the files (the truth), else ``configured``,
-    else ``default``. A configured size no file has is a :class:`ConfigError`."""
-    found = _files_size(dirs)
-    if configured is not None and configured <= 0:
-        raise ConfigError(f"{what} file size must be positive, got {configured}", dirs[0])
-    if found is None:
-        return configured or default
-    if configured is not None and configured != found:
-        raise ConfigError(f"the configuration says {what} files are {configured} bytes but "
-                          f"the files are {found} bytes", dirs[0])
-    return found
-
-
-@dataclass
-class LedgerFiles:
-    """The data and index files of one ``dledger-<selfId>`` folder (names, sizes, problems:
-    stray names, links, wrong sizes, gaps). DLedger refuses to load a folder with any
-    ``refusing_problems`` (``MmapFileList#doLoad``/``checkSelf``)."""
-
-    ledger_dir: Path
-    data: SegmentQueue
-    index: SegmentQueue
-
-    @property
-    def data_file_size(self) -> int:
-        return self.data.segment_size
-
-    @property
-    def index_file_size(self) -> int:
-        return self.index.segment_size
-
-    @property
-    def problems(self) -> list[SegmentProblem]:
-        return self.data.problems + self.index.problems
-
-    @property
-    def refusing_problems(self) -> list[SegmentProblem]:
-        """Problems that stop DLedger from loading (``MmapFileList#doLoad``, ``checkSelf``):
-        every entry of ``data/`` and ``index/`` must be a file of exactly the configured size
-        with a numeric name, the names stepping by that size. (A symbolic link to such a file
-        DLedger would load; rmqstore reports it and does not read through it.)"""
-        return [p for p in self.problems
-                if p.code in ("wrong-size", "empty-file", "gap", "stray-file", "special-file")]
-
-    def close(self) -> None:
-        for s in [*self.data.segments, *self.index.segments]:
-            s.close()
-
-
-def list_files(ledger_dir: str | Path, *, data_dirs: Iterable[str | Path] | None = None,
-               data_file_size: int | None = None,
-               index_file_size: int | None = None) -> LedgerFiles:
-    """List ``<ledger_dir>/data`` (or ``data_dirs``: ``storePathDLedgerCommitLog``, a
-    ``,``-list) and ``<ledger_dir>/index``. File sizes come from the files; a configured
-    size that no file has is a :class:`ConfigError`. Nothing is opened yet."""
-    d = Path(ledger_dir)
-    ddirs = [Path(p) for p in data_dirs] if data_dirs is not None else [d / "data"]
-    if not ddirs:
-        raise ConfigError("no DLedger data directory given", d)
-    dsize = _file_size(ddirs, data_file_size, "DLedger data", 1024 * 1024 * 1024)
-    isize = _file_size([d / "index"], index_file_size, "DLedger index", DEFAULT_INDEX_FILE_SIZE)
-    data = SegmentQueue(ddirs, dsize, kind="DLedger data")
-    index = SegmentQueue(d / "index", isize, kind="DLedger index")
-    if isize % DLEDGER_INDEX_UNIT_SIZE:
-        index.problems.append(SegmentProblem(
-            "wrong-size", str(d / "index"), None,
-            f"index files of {isize} bytes do not hold whole {DLEDGER_INDEX_UNIT_SIZE}-byte units"))
-    return LedgerFiles(d, data, index)
-
-
-# --- the walk (design-14 §1.5) ------------------------------------------------------------
+__all__ = ["DLedgerLog", "ChainEnd", "EntryRun", "open_ledger", "find_ledger_dirs", "list_files",
+           "read_checkpoint", "read_currterm", "LedgerCheckpoint", "CurrTerm", "LedgerFiles",
+           "entry_pos", "record_offset", "CLEAN_ENDS"]
 
 #: Why the entry chain ends (ChainEnd.reason), in DLedgerMmapFileStore#recover's order.
 END_NO_FILES = "no-data-files"

@@ -19,6 +19,7 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import FIXTURES, tree_hashes
 from rmqstore import dledger as D
+from rmqstore import dledger_layout as DL
 from rmqstore import layout as L
 from rmqstore.codec import offset_msg_id
 from rmqstore.consumequeue import ConsumeQueue, list_queues
@@ -89,13 +90,13 @@ def poke(ledger: Path, pos: int, data: bytes) -> None:
 def test_schemas_have_dledgers_widths():
     # DLedgerEntryCoder#encode/encodeIndex: 48-byte header (Java HEADER_SIZE 44 + body size),
     # 32-byte index unit; MmapFileList#preAppend: blank = int -1, int remaining.
-    assert D.DLedgerEntryHeader.sizeof() == 48 == D.DLEDGER_BODY_OFFSET
-    assert D.DLedgerIndexUnit.sizeof() == 32 == D.DLEDGER_INDEX_UNIT_SIZE
-    assert D.DLedgerBlank.sizeof() == 8
-    assert D.ENTRY_HEADER_STRUCT.size == 48 and D.INDEX_UNIT_STRUCT.size == 32
-    assert D.ENTRY_HEADER_DTYPE.itemsize == 48 and D.INDEX_UNIT_DTYPE.itemsize == 32
-    assert D.DLedgerBlank.build({"size": 951}) == b"\xff\xff\xff\xff\x00\x00\x03\xb7"
-    assert D.DEFAULT_INDEX_FILE_SIZE == 167_772_160
+    assert DL.DLedgerEntryHeader.sizeof() == 48 == DL.DLEDGER_BODY_OFFSET
+    assert DL.DLedgerIndexUnit.sizeof() == 32 == DL.DLEDGER_INDEX_UNIT_SIZE
+    assert DL.DLedgerBlank.sizeof() == 8
+    assert DL.ENTRY_HEADER_STRUCT.size == 48 and DL.INDEX_UNIT_STRUCT.size == 32
+    assert DL.ENTRY_HEADER_DTYPE.itemsize == 48 and DL.INDEX_UNIT_DTYPE.itemsize == 32
+    assert DL.DLedgerBlank.build({"size": 951}) == b"\xff\xff\xff\xff\x00\x00\x03\xb7"
+    assert DL.DEFAULT_INDEX_FILE_SIZE == 167_772_160
 
 
 i32 = st.integers(-2**31, 2**31 - 1)
@@ -105,24 +106,24 @@ i64 = st.integers(-2**63, 2**63 - 1)
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.tuples(i32, i32, i64, i64, i64, i32, i32, i32, i32))
 def test_entry_header_schema_round_trips_through_every_form(values):
-    obj = dict(zip(D.ENTRY_HEADER_FIELDS, values))
-    built = D.DLedgerEntryHeader.build(obj)
+    obj = dict(zip(DL.ENTRY_HEADER_FIELDS, values))
+    built = DL.DLedgerEntryHeader.build(obj)
     assert len(built) == 48
-    assert D.ENTRY_HEADER_STRUCT.pack(*values) == built
-    parsed = D.DLedgerEntryHeader.parse(built)
-    assert tuple(parsed[k] for k in D.ENTRY_HEADER_FIELDS) == values
-    row = np.frombuffer(built, dtype=D.ENTRY_HEADER_DTYPE)[0]
-    assert tuple(int(row[k]) for k in D.ENTRY_HEADER_FIELDS) == values
-    assert D.EntryHeader(*values).record_offset == values[4] + 48
+    assert DL.ENTRY_HEADER_STRUCT.pack(*values) == built
+    parsed = DL.DLedgerEntryHeader.parse(built)
+    assert tuple(parsed[k] for k in DL.ENTRY_HEADER_FIELDS) == values
+    row = np.frombuffer(built, dtype=DL.ENTRY_HEADER_DTYPE)[0]
+    assert tuple(int(row[k]) for k in DL.ENTRY_HEADER_FIELDS) == values
+    assert DL.EntryHeader(*values).record_offset == values[4] + 48
 
 
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(st.tuples(i32, i64, i32, i64, i64))
 def test_index_unit_schema_round_trips(values):
-    built = D.DLedgerIndexUnit.build(dict(zip(D.INDEX_UNIT_FIELDS, values)))
-    assert D.INDEX_UNIT_STRUCT.pack(*values) == built
-    row = np.frombuffer(built, dtype=D.INDEX_UNIT_DTYPE)[0]
-    assert tuple(int(row[k]) for k in D.INDEX_UNIT_FIELDS) == values
+    built = DL.DLedgerIndexUnit.build(dict(zip(DL.INDEX_UNIT_FIELDS, values)))
+    assert DL.INDEX_UNIT_STRUCT.pack(*values) == built
+    row = np.frombuffer(built, dtype=DL.INDEX_UNIT_DTYPE)[0]
+    assert tuple(int(row[k]) for k in DL.INDEX_UNIT_FIELDS) == values
 
 
 # --- the fixtures, read ------------------------------------------------------------------
@@ -452,7 +453,7 @@ def test_without_index_files_every_entry_is_still_read(basic_copy):
         p.unlink()
     with D.DLedgerLog(basic_copy) as log:
         end = log.walk()
-        assert log.files.index_file_size == D.DEFAULT_INDEX_FILE_SIZE  # nothing to take it from
+        assert log.files.index_file_size == DL.DEFAULT_INDEX_FILE_SIZE  # nothing to take it from
         # no unit: every pre-check fails, so the walk starts in file 0 and rewrites all
         assert (end.recovery_start, end.index_rewrite_from, end.offset, end.entries) == (0, 0, 459701, 500)
         assert [o for run in log.runs() for o in run.record_offset.tolist()] == _all(500)
