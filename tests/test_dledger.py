@@ -522,6 +522,11 @@ def test_open_ledger_finds_one_folder_or_says_why_not(tmp_path):
     assert "dledger-a, dledger-b" in str(err.value)
     with D.open_ledger(tmp_path / "dledger-b") as log:
         assert log.walk().reason == D.END_NO_FILES
+    other = tmp_path / "other-disk"
+    (other / "data").mkdir(parents=True)
+    shutil.rmtree(tmp_path / "dledger-b")
+    (tmp_path / "dledger-b").symlink_to(other)  # a folder on another disk, like commitlog/
+    assert [p.name for p in D.find_ledger_dirs(tmp_path)] == ["dledger-a", "dledger-b"]
 
 
 def test_links_and_stray_files_are_reported_never_read(basic_copy, tmp_path):
