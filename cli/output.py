@@ -262,7 +262,9 @@ class Output:
                 # system call a row on a terminal.
                 reconfigure(line_buffering=False, errors="backslashreplace")
             elif not self.tty:
-                reconfigure(encoding="utf-8")  # JSON and CSV files are UTF-8
+                # JSON and CSV files are UTF-8; a file name's non-UTF-8 bytes go out as
+                # they are in CSV (exact), JSON escaped them already (terminal.json_safe).
+                reconfigure(encoding="utf-8", errors="surrogateescape")
         except (ValueError, OSError, io.UnsupportedOperation):
             pass
 

@@ -53,12 +53,15 @@ def clean(message: str) -> str:
     return _UNSAFE.sub(lambda m: m.group() if m.group() == "\\" else _escape_one(m), text)
 
 
-_JSON_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029]")
+# Lone surrogates are how Python holds bytes of a file name that are not UTF-8
+# (surrogateescape): written as escapes they keep JSON valid UTF-8 and the name exact.
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 
 
 def json_safe(encoded: str) -> str:
-    """Compact JSON with DEL, the C1 controls and U+2028/2029 written as ``\\uXXXX``: the
-    same JSON value (json escapes C0 itself), but nothing a terminal acts on."""
+    """Compact JSON with DEL, the C1 controls, U+2028/2029 and lone surrogates (non-UTF-8
+    bytes of a file name) written as ``\\uXXXX``: the same JSON value (json escapes C0
+    itself), valid UTF-8, and nothing a terminal acts on."""
     if encoded.isascii() and "\x7f" not in encoded:
         return encoded
     return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", encoded)

@@ -9,9 +9,12 @@ one way; each test checks that no byte outside the store (and the backup) change
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -396,3 +399,28 @@ def test_store_files_that_are_links_are_never_written_through(base, tmp_path, na
     with pytest.raises(UnsafePathError, match="symbolic link"):
         repair(store, backup_dir=tmp_path / "backup", config=_cfg(store))
     assert target.read_bytes() == b"keep"
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl", "csv"])
+def test_a_file_name_that_is_not_utf8_is_output_exactly(base, tmp_path, fmt):
+    """A queue directory named by bytes that are not UTF-8 (the fuzz campaign's
+    queue-dir-odd): verify and repair --dry-run in JSON said "internal error:
+    UnicodeEncodeError". JSON escapes such bytes (\\udcXX, valid UTF-8, the name exact
+    through surrogateescape); CSV writes the bytes as they are."""
+    store = tmp_path / "s"
+    shutil.copytree(base, store)
+    odd = os.fsdecode(b"\xff\xfe")
+    topic = sorted((store / "consumequeue").iterdir())[0]
+    os.rename(topic, store / "consumequeue" / odd)
+    for cmd in (["verify"], ["repair", "--dry-run"]):
+        p = subprocess.run([sys.executable, "-m", "cli.main", *cmd, str(store), "-f", fmt],
+                           capture_output=True, timeout=120)
+        assert p.returncode in (0, 1), p.stderr
+        assert b"internal error" not in p.stderr
+        if fmt == "csv":
+            assert b"consumequeue/\xff\xfe" in p.stdout
+            continue
+        p.stdout.decode("utf-8")  # valid UTF-8
+        docs = [json.loads(line) for line in p.stdout.splitlines()] if fmt == "jsonl" \
+            else [json.loads(p.stdout)]
+        assert f"consumequeue/{odd}" in json.dumps(docs, ensure_ascii=False), p.stdout[:300]
