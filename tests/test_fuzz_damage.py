@@ -35,7 +35,7 @@ STRESS_ONLY_LIB: dict[str, str] = {}
 #: Checked on every run: every kind main passes.
 QUICK_LIB = [k for k in D.ALL_KINDS if k not in STRESS_ONLY_LIB]
 #: Through the CLI (each case runs ~15 processes): a few kinds that cover issue 11's items.
-QUICK_CLI = ["none", "topic-record", "torn-record", "symlink-dotdot"]
+QUICK_CLI = ["none", "topic-record", "torn-record", "symlink-dotdot", "queue-dir-odd"]
 
 
 @pytest.fixture(scope="module")
