@@ -40,7 +40,7 @@ def _body_mode(body: Optional[BodyMode], fmt: Format, body_dir: Optional[Path] =
 
 def _body_options(body, out, charset, body_dir):
     """(mode, charset, sink) from the body options."""
-    from rmqstore.bodies import BodyDir, check_charset
+    from rmqstore.view import BodyDir, check_charset
 
     return _body_mode(body, out, body_dir), check_charset(charset), \
         BodyDir(body_dir) if body_dir is not None else None

@@ -28,8 +28,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import layout as L
-from .codec import Message, body_crc, offset_msg_id
+from .format import layout as L
+from .format.message import Message, offset_msg_id
+from .format.crc import body_crc
 from .config import StoreConfig
 from .errors import OffsetError, StoreIOError
 from .names import shown, topic_problem
@@ -312,7 +313,7 @@ def prepare(msg: Message, config: StoreConfig) -> Prepared | PutResult:
     tail = b"".join((body, len(topic_b).to_bytes(tsize, "big"), topic_b,
                      len(props_b).to_bytes(2, "big"), props_b))
     if props is None:
-        from .codec import parse_properties
+        from .format.message import parse_properties
         props = parse_properties(text)
     return Prepared(msg, (born6, store6), magic, sys_flag, body_crc(body), total, tail, props)
 

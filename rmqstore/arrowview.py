@@ -12,9 +12,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from . import layout as L
+from .format import layout as L
 from . import scan
-from .codec import SCHEDULE_TOPIC, Host, parse_delay_levels, tags_code
+from .format.rules import SCHEDULE_TOPIC, parse_delay_levels, tags_code
+from .format.message import Host
 
 
 # --- decoded columns (Arrow) ---------------------------------------------------------------
@@ -45,7 +46,7 @@ def _hosts(records: scan.RecordColumns) -> dict[str, np.ndarray]:
 
 
 def _host_strings(addr: np.ndarray, port: np.ndarray, v6: np.ndarray):
-    """``ip:port`` / ``[v6]:port`` as codec.Host prints them, formatted once per distinct
+    """``ip:port`` / ``[v6]:port`` as Host prints them, formatted once per distinct
     host and gathered with Arrow ``take``."""
     import pyarrow as pa
 
@@ -121,8 +122,8 @@ def _part(spans, n: int, which: int):
 
 
 def _utf8(binary):
-    """binary -> string; invalid UTF-8 becomes U+FFFD as Python's ``replace`` does (the
-    codec's rule), taking the slow path only when the fast cast refuses."""
+    """binary -> string; invalid UTF-8 becomes U+FFFD as Python's ``replace`` does (record
+    decoding's rule), taking the slow path only when the fast cast refuses."""
     import pyarrow as pa
 
     try:
@@ -134,7 +135,7 @@ def _utf8(binary):
 
 @dataclass
 class ParsedProperties:
-    """Properties of many records parsed exactly like :func:`codec.parse_properties`."""
+    """Properties of many records parsed exactly like :func:`~rmqstore.format.message.parse_properties`."""
 
     text: object  # pa.StringArray
     names: object  # pa.StringArray, one per kept pair, record-major, stored order
@@ -282,7 +283,7 @@ def _mask_text(props: ParsedProperties):
 
 
 def _split_keys_many(keys_val, n: int):
-    """KEYS split on single spaces, empty tokens dropped (codec.split_keys); [] when absent."""
+    """KEYS split on single spaces, empty tokens dropped (message.split_keys); [] when absent."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -347,7 +348,7 @@ def implied_units(records: scan.RecordColumns, delay_millis: Sequence[int] = par
     """
     import pyarrow as pa
 
-    from .codec import java_hash_many
+    from .format.hashing import java_hash_many
 
     tx = records.sys_flag & L.SYSFLAG_TRANSACTION_MASK
     sel = np.flatnonzero((tx != L.TRANSACTION_PREPARED) & (tx != L.TRANSACTION_ROLLBACK))

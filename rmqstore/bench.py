@@ -2,7 +2,7 @@
 and reports messages, bytes and seconds (the median of several runs).
 
 The data comes from :func:`make_store`, a vectorised store writer: one record per
-(topic, queue) is encoded with :func:`rmqstore.codec.encode_record` as a template, and
+(topic, queue) is encoded with :func:`rmqstore.format.record.encode_record` as a template, and
 numpy copies the templates into whole segments and patches the fields that differ per
 message (QUEUEOFFSET, PHYSICALOFFSET, the timestamps and the digits of the KEYS token).
 Records are therefore all one size, which makes the segment layout arithmetic (how many
@@ -42,8 +42,10 @@ from typing import Callable
 
 import numpy as np
 
-from . import layout as L
-from .codec import Host, Message, encode_record, java_hash
+from .format import layout as L
+from .format.message import Host, Message
+from .format.record import encode_record
+from .format.hashing import java_hash
 
 MB = 1024 * 1024
 BENCHMARKS = ("append", "scan", "verify", "rebuild", "query-key", "spark-export")

@@ -1,7 +1,7 @@
 """Incoming messages: the append input format, and what a broker does to a message.
 
 :func:`message_from_json` turns one object of the message JSON (the keys ``rmqstore
-dump`` prints, see docs/engine.md) into a :class:`~rmqstore.codec.Message` in its stored
+dump`` prints, see docs/engine.md) into a :class:`~rmqstore.format.message.Message` in its stored
 form, validating every field first so a bad line is rejected before anything is written.
 
 :func:`as_broker` applies the broker's own changes to an incoming message, as a 4.9.8 or
@@ -22,8 +22,10 @@ import os
 import random
 from typing import Any
 
-from . import layout as L
-from .codec import SCHEDULE_TOPIC, Host, Message, java_hash, parse_properties
+from .format import layout as L
+from .format.rules import SCHEDULE_TOPIC
+from .format.message import Host, Message, parse_properties
+from .format.hashing import java_hash
 from .config import StoreConfig
 from .errors import InputError
 

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import layout as L
+from .format import layout as L
 from .errors import RecordError, StoreLockedError, UnsafePathError
 from .mapped import io_error
 from .listing import open_regular

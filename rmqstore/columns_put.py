@@ -33,9 +33,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import layout as L
+from .format import layout as L
 from .append import Appended, PutResults, now_ms
-from .codec import SCHEDULE_TOPIC, Host, Message, java_hash, offset_msg_id, parse_properties
+from .format.rules import SCHEDULE_TOPIC
+from .format.message import Host, Message, offset_msg_id, parse_properties
+from .format.hashing import java_hash
 from .errors import StoreIOError
 
 _DEFAULT_BORN = Message.__dataclass_fields__["born_host"].default
@@ -709,7 +711,7 @@ def _index_entries(dispatcher, c: _Dispatched, indexed):
                 return cols[0], c.offsets, tsa
             return (np.column_stack(cols).ravel(), np.repeat(c.offsets, 2), np.repeat(tsa, 2))
     # The general case: key strings, hashed together.
-    from .keyhash import index_hashes
+    from .format.hashing import index_hashes
     topics = c.topic_list()
     us = itertools.repeat(uniq, n) if uniq is None or isinstance(uniq, str) else uniq
     ks = itertools.repeat(keys, n) if keys is None or isinstance(keys, str) else keys

@@ -12,8 +12,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
-from . import layout as L
-from .codec import Message, decode_record
+from .format import layout as L
+from .format.message import Message
+from .format.record import decode_record
 from .config import StoreConfig
 from .errors import OffsetError, RecordError
 from .segments import Segment, SegmentQueue

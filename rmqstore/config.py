@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import layout as L
-from .codec import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from .format import layout as L
+from .format.rules import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from .errors import ConfigError
 from .listing import entries as list_entries
 

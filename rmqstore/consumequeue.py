@@ -17,7 +17,7 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from . import layout as L
+from .format import layout as L
 from .errors import OffsetError, SegmentError, UnsafePathError
 from .listing import LONG_MAX, entries, odd_entry, offset_name, open_regular
 from .mapped import Ahead, io_error, map_read, note

@@ -4,7 +4,7 @@ For every record, in CommitLog order:
 
 1. **ConsumeQueue** (§6.1): only transaction types NOT_TYPE and COMMIT get a unit, at
    (topic, queueId, QUEUEOFFSET); tagsCode is the TAGS hash, or the delivery time for
-   ``SCHEDULE_TOPIC_XXXX`` (:func:`rmqstore.codec.tags_code` with ``config.delay_millis``).
+   ``SCHEDULE_TOPIC_XXXX`` (:func:`rmqstore.format.rules.tags_code` with ``config.delay_millis``).
    After a CQ write the checkpoint's logicsMsgTimestamp follows the record (§8.1).
 2. **Index** (§7.3): unless ROLLBACK, ``topic#UNIQ_KEY`` then ``topic#token`` for each
    KEYS token, with the record's offset and store timestamp.
@@ -26,11 +26,13 @@ from typing import Sequence
 
 import numpy as np
 
-from . import layout as L
+from .format import layout as L
 from .append import Appended
-from .codec import SCHEDULE_TOPIC, java_hash, parse_properties
+from .format.rules import SCHEDULE_TOPIC
+from .format.hashing import java_hash
+from .format.message import parse_properties
 from .consumequeue import ConsumeQueueWriter
-from .keyhash import index_hashes, prefix_hash, token_hash, token_hashes
+from .format.hashing import index_hashes, prefix_hash, token_hash, token_hashes
 from .names import queue_dir
 
 _CQ_TYPES = (L.TRANSACTION_NOT_TYPE, L.TRANSACTION_COMMIT)
@@ -79,7 +81,7 @@ class Dispatcher:
 
     def _tags_code(self, topic: str, props: dict, store_ts: int) -> int:
         if topic == SCHEDULE_TOPIC and "DELAY" in props:
-            from .codec import tags_code
+            from .format.rules import tags_code
             return tags_code(topic, props, store_ts, self.delay_millis)
         return self.tags_code_of(props.get("TAGS"))
 
@@ -435,7 +437,7 @@ class Dispatcher:
         self.dispatched += n
 
     def _index_hashes_of(self, topic: str, tokens: Sequence[str]) -> np.ndarray | None:
-        """:func:`~rmqstore.keyhash.token_hashes` from the topic's cached prefix hash."""
+        """:func:`~rmqstore.format.hashing.token_hashes` from the topic's cached prefix hash."""
         ph = self._key_prefix.get(topic)
         if ph is None:
             ph = self._topic_prefix_hash(topic)

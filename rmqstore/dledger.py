@@ -24,8 +24,9 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from . import layout as L
-from .codec import Message, decode_record
+from .format import layout as L
+from .format.message import Message
+from .format.record import decode_record
 from .dledger_files import (LEDGER_DIR, CurrTerm, LedgerCheckpoint, LedgerFiles, find_ledger_dirs,
                             list_files, read_checkpoint, read_currterm)
 from .dledger_layout import (DLEDGER_BLANK_MAGIC, DLEDGER_BODY_OFFSET, DLEDGER_HEADER_SIZE,

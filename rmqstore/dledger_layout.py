@@ -1,5 +1,5 @@
 """The on-disk layout of a DLedger CommitLog (design-14 §1.1, §1.2), written down once as
-``construct`` schemas with their derived struct/numpy forms, as :mod:`rmqstore.layout`
+``construct`` schemas with their derived struct/numpy forms, as :mod:`rmqstore.format.layout`
 does for the plain store.
 
 These belong in the format layer beside ``RecordHead``/``BlankRecord`` (today
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from construct import Const, Int32sb, Int64sb, Struct
 
-from . import layout as L
+from .format import layout as L
 
 DLEDGER_MAGIC = 1  # DLedgerMmapFileStore.CURRENT_MAGIC (= MAGIC_1): the only magic recovery keeps
 DLEDGER_BLANK_MAGIC = -1  # MmapFileList.BLANK_MAGIC_CODE: rest of the data file is filler

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .codec import Message, decode_record
+from .format.message import Message
+from .format.record import decode_record
 from .commitlog import Check, check_record
 from .segments import segment_name
 from .selection import MessageFilter, MessageScan, ScanStop

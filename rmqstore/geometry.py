@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import layout as L
+from .format import layout as L
 from .config import PROPERTY_NAMES, SEGMENT_NAME
 from .errors import ConfigError
 from .listing import LONG_MAX, entries as list_entries

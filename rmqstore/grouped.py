@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import layout as L
+from .format import layout as L
 from .parallel import arena
 from .redispatch import SegmentDispatch, split_dispatch, store_scan
 

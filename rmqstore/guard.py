@@ -115,9 +115,9 @@ def first_record_in(path: Path, max_record: int, start: int = 0,
     import os
     import stat as st_
 
-    from .codec import decode_record
+    from .format.record import decode_record
     from .errors import RecordError
-    from .layout import MESSAGE_MAGICS
+    from .format.layout import MESSAGE_MAGICS
     from .mapped import map_read
 
     try:
@@ -184,7 +184,7 @@ def uncovered(queue: SegmentQueue, offsets: np.ndarray) -> np.ndarray:
 def units_from(qdir: Path, file_size: int, phy: int) -> tuple[np.ndarray, np.ndarray]:
     """(queue offsets, CommitLog offsets) of a queue's real units pointing at or past
     ``phy`` (placeholders left out), as the broker's load reads the queue."""
-    from . import layout as L
+    from .format import layout as L
     from .consumequeue import ConsumeQueue
 
     with ConsumeQueue(qdir, file_size) as cq:

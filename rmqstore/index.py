@@ -20,8 +20,9 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from . import layout as L
-from .codec import index_hash, split_keys
+from .format import layout as L
+from .format.hashing import index_hash
+from .format.message import split_keys
 from .errors import ConfigError, SegmentError, StoreIOError
 from .mapped import Ahead, allocate, io_error, map_read, note
 

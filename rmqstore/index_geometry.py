@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import layout as L
+from .format import layout as L
 from .listing import entries as list_entries, open_regular
 from .mapped import data_extents, map_read
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .codec import Message, decode_offset_msg_id
+from .format.message import Message, decode_offset_msg_id
 from .commitlog import CommitLog
 from .config import SEGMENT_NAME, StoreConfig, load_config
 from .errors import (ConfigError, InputError, NotAStoreError, OffsetError, RmqStoreError,

@@ -37,7 +37,7 @@ from typing import Callable
 import numpy as np
 
 from . import checkpoint as ckpt
-from . import layout as L
+from .format import layout as L
 from .config import StoreConfig, load_config
 from .consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, build_consume_queue, list_queues
 from .errors import NotAStoreError, RmqStoreError, StoreIOError, UnsafePathError

@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import layout as L
-from .codec import SCHEDULE_TOPIC, java_hash, parse_delay_levels, tags_code
+from .format import layout as L
+from .format.rules import SCHEDULE_TOPIC, parse_delay_levels, tags_code
+from .format.hashing import java_hash
 from .scan import RecordColumns, columns, consistent, walk_chain, walk_range
-from .spans import PropertyIndex, _signed, index_hash_from, span_hash
+from .spans import PropertyIndex
+from .format.hashing import index_hash_from, signed_int32, span_hash
 
 # --- one segment -----------------------------------------------------------------------
 
@@ -72,7 +74,7 @@ def dispatch_records(cols: RecordColumns, delay_millis=None, *, keys: bool = Tru
     code = np.zeros(n, np.int64)
     if has.any():
         h, _ = span_hash(u8, tpos[has], tlen[has])
-        code[has] = _signed(h)
+        code[has] = signed_int32(h)
     if SCHEDULE_TOPIC in names:
         # Delivery time instead of the tag hash (spec §6.1); rare, so per record.
         delay = delay_millis if delay_millis is not None else parse_delay_levels()

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint as ckpt
-from . import layout as L
+from .format import layout as L
 from .config import StoreConfig
 from .consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, effective_file_size
 from .errors import RefusedError, UnsafePathError

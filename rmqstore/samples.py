@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from . import checkpoint as ckpt
-from .codec import Host, Message
+from .format.message import Host, Message
 from .config import StoreConfig
 from .store import MessageStore
 

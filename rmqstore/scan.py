@@ -1,7 +1,7 @@
 """Bulk scan: walk records over a memory map and hand back numpy columns.
 
 A :class:`RecordColumns` holds, for a run of records in one segment, every fixed field
-as a numpy array (gathered with the dtypes :mod:`rmqstore.layout` derives) and the
+as a numpy array (gathered with the dtypes :mod:`rmqstore.format.layout` derives) and the
 position and length of the body, topic and properties. Python objects are made only for
 what a caller asks for (:meth:`RecordColumns.topic_table`, :meth:`RecordColumns.message`).
 Record boundaries follow the size chain; every record then passes the structural part of
@@ -17,9 +17,10 @@ from typing import Iterator
 import numpy as np
 from construct import Struct
 
-from . import layout as L
-from .codec import Host, Message, decode_record
-from .crc import crc32_spans
+from .format import layout as L
+from .format.message import Host, Message
+from .format.record import decode_record
+from .format.crc import crc32_spans
 
 _MIN_RECORD = L.RECORD_FIXED_SIZE[False, False] + 3
 _HEAD = L.BLANK_STRUCT  # (total_size, magic): the first 8 bytes of any record
@@ -180,7 +181,7 @@ _FIXED = " fixed"  # cache key of the gathered fixed prefixes (never an attribut
 
 def _fixed_rows(u8: np.ndarray, pos: np.ndarray, combo: int) -> np.ndarray:
     """The fixed prefix of the record at each of ``pos``, as the structured dtype
-    :mod:`rmqstore.layout` derives for host-width combination ``combo``: one copy of
+    :mod:`rmqstore.format.layout` derives for host-width combination ``combo``: one copy of
     ~88 bytes a record (about 20 ns), after which every field is a cheap conversion."""
     dt = _FIXED_DTYPES[combo]
     top = len(u8) - dt.itemsize

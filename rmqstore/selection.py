@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .codec import Message, parse_properties, split_keys
+from .format.message import Message, parse_properties, split_keys
 from .errors import InputError
 from .scan import scan_windows
 from .times import parse_time

@@ -1,33 +1,17 @@
-"""Text work over many byte spans at once, with numpy: finding properties by name
-(spec §3.4) and Java's ``String.hashCode`` of spans (spec §0, §6.1, §7.2).
+"""Finding properties by name in many records at once, with numpy (spec §3.4).
 
 Properties are never decoded per record. :class:`PropertyIndex` finds the ``0x02``
 separators of every record's properties in one pass and matches a name only where a
-segment starts; :func:`span_hash` hashes values column by column. Only values with
-non-ASCII bytes (UTF-16 units differ from bytes) take a per-value Python path.
+segment starts; the values' Java hashes are :func:`rmqstore.format.hashing.span_hash`'s.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .codec import java_hash
+from .format.hashing import span_rows
 
 _CHUNK = 64 * 1024 * 1024  # bytes compared at a time when looking for separators
-_FAST_MAX = 96  # values up to this many bytes are hashed vectorised
-_EXACT_MAX = 6  # up to this many distinct lengths are hashed one exact-width matrix each
-
-
-def rows(u8: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    """An (n, width) uint8 matrix: the ``width`` bytes at each of ``pos`` (one copy per
-    row; every ``pos + width`` must be within ``u8``)."""
-    if width <= 0:
-        return np.zeros((len(pos), 0), np.uint8)
-    # One void item of ``width`` bytes at every byte: fancy indexing then copies whole
-    # items, about twice as fast as gathering rows of a 2-d strided view.
-    items = np.ndarray(shape=(max(len(u8) - width + 1, 0),), dtype=f"V{width}", buffer=u8,
-                       offset=0, strides=(1,))
-    return items[pos].view(np.uint8).reshape(len(pos), width)
 
 
 # --- property lookup (spec §3.4) -----------------------------------------------------------
@@ -48,7 +32,7 @@ def property_segments(u8: np.ndarray, props_pos: np.ndarray, props_len: np.ndarr
     width = int(props_len.max())
     if width <= _ROWS_MAX and int(props_pos[rec_has[-1]]) + width <= len(u8):
         # Only the properties' bytes are searched (not bodies), as rows of a matrix.
-        flat = np.flatnonzero(rows(u8, props_pos[rec_has], width) == 2)  # in byte order
+        flat = np.flatnonzero(span_rows(u8, props_pos[rec_has], width) == 2)  # in byte order
         r, c = np.divmod(flat, width)
         keep = c < props_len[rec_has[r]]
         r, c = r[keep], c[keep]
@@ -142,7 +126,7 @@ class PropertyIndex:
             self._segs = property_segments(u8, props_pos, props_len)
             return
         k = len(self._rec)
-        m = rows(u8, props_pos[self._rec], stride)
+        m = span_rows(u8, props_pos[self._rec], stride)
         self._m, self._stride = m.reshape(-1), stride
         self._plen = props_len[self._rec]
         flat = np.flatnonzero(m[:, :width] == 2)
@@ -205,98 +189,9 @@ class PropertyIndex:
         return vpos, vlen
 
 
-# --- Java String.hashCode over byte spans (spec §0) ----------------------------------------
-
-
-def _pow31(n: int) -> np.ndarray:
-    p, v = np.ones(n + 1, np.uint32), 1
-    for k in range(1, n + 1):
-        v = v * 31 & 0xFFFFFFFF
-        p[k] = v
-    return p
-
-
-_POW = _pow31(_FAST_MAX + 1)
-# 31 is odd, so it has an inverse mod 2^32: trailing zero bytes can be divided back out.
-_INV31 = pow(31, -1, 2**32)
-_INVPOW = np.array([pow(_INV31, k, 2**32) for k in range(_FAST_MAX + 2)], np.uint32)
-
-
-def span_hash(u8: np.ndarray, pos: np.ndarray, length: np.ndarray, flag: int | None = None):
-    """Java hash (as uint32) of each byte span read as text, and its UTF-16 length (and,
-    with ``flag``, whether the span holds that byte).
-
-    ASCII spans up to ``_FAST_MAX`` bytes are hashed vectorised: the spans are copied as
-    rows of a matrix and Horner's rule becomes one dot product with powers of 31. Spans of
-    one length share a matrix of exactly that width; with many lengths, rows of a width
-    class are zeroed past each span's end and the trailing zeros' factor 31^pad is divided
-    back out (31 is invertible mod 2^32). Others are decoded (UTF-8, malformed input replaced, as the
-    broker decodes) and hashed in Python."""
-    n = len(pos)
-    h = np.zeros(n, np.uint32)
-    units = length.astype(np.int64).copy()
-    has = np.zeros(n, bool) if flag is not None else None
-    if n == 0:
-        return (h, units) if flag is None else (h, units, has)
-    fast = (length <= _FAST_MAX) & (pos + _FAST_MAX <= len(u8))
-    slow = np.flatnonzero(~fast).tolist()
-    fast = np.flatnonzero(fast)
-    lengths = np.flatnonzero(np.bincount(length[fast], minlength=1)) if len(fast) else []
-    if len(lengths) <= _EXACT_MAX:
-        # Few distinct lengths (tags, keys, UNIQ_KEYs usually share one): a matrix per
-        # length, exactly as wide as its spans, needs no masking and no 31^pad division.
-        groups = [(fast if len(lengths) == 1 else fast[length[fast] == n_], int(n_), False)
-                  for n_ in lengths if n_]
-    else:
-        groups, lo = [], 0
-        for hi in (8, 16, 32, 64, _FAST_MAX):  # width classes: padding stays under 2x
-            sel = fast[(length[fast] > lo) & (length[fast] <= hi)]
-            lo = hi
-            if len(sel):
-                groups.append((sel, int(length[sel].max()), True))
-    for sel, width, padded in groups:
-        m = rows(u8, pos[sel], width)
-        if padded:
-            ln = length[sel]
-            m[np.arange(width)[None, :] >= ln[:, None]] = 0
-        hh = m.astype(np.uint32) @ _POW[width - 1::-1]
-        if padded:
-            hh *= _INVPOW[width - ln]
-        h[sel] = hh
-        if flag is not None:
-            has[sel] = (m == flag).any(axis=1)
-        if int(m.max()) >= 0x80:
-            slow.extend(sel[(m >= 0x80).any(axis=1)].tolist())
-    for i in slow:
-        raw = u8[int(pos[i]):int(pos[i] + length[i])].tobytes()
-        s = raw.decode("utf-8", "replace")
-        h[i] = java_hash(s) & 0xFFFFFFFF
-        units[i] = len(s.encode("utf-16-be", "surrogatepass")) // 2
-        if flag is not None:
-            has[i] = flag in raw
-    return (h, units) if flag is None else (h, units, has)
-
-
 def sorted_isin(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     """``np.isin`` for a sorted ``sorted_set`` by binary search (no hashing or sorting)."""
     if not len(sorted_set):
         return np.zeros(len(values), bool)
     i = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
     return sorted_set[i] == values
-
-
-def _signed(h: np.ndarray) -> np.ndarray:
-    return h.astype(np.uint32).view(np.int32).astype(np.int64)
-
-
-def index_hash_from(topic_hash: np.ndarray, key_hash: np.ndarray, key_units: np.ndarray) -> np.ndarray:
-    """IndexFile hash of ``topic + "#" + key`` from the parts' Java hashes (spec §7.2):
-    hash(a + b) = hash(a) * 31^len(b) + hash(b), all mod 2^32."""
-    maxu = int(key_units.max()) if len(key_units) else 0
-    pw = _pow31(maxu + 1)
-    prefix = (topic_hash.astype(np.uint32) * np.uint32(31) + np.uint32(ord("#"))).astype(np.uint32)
-    h = (prefix * pw[key_units] + key_hash.astype(np.uint32)).astype(np.uint32)
-    s = h.view(np.int32).astype(np.int64)
-    s = np.abs(s)
-    s[s == 2**31] = 0  # Math.abs(MIN_VALUE) stays negative; the broker maps it to 0
-    return s

@@ -35,9 +35,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import layout as L
+from .format import layout as L
 from . import scan
-from .codec import parse_delay_levels
+from .format.rules import parse_delay_levels
 from .errors import NotAStoreError, RecordError, SegmentError
 from .mapped import map_read
 

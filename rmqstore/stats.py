@@ -15,7 +15,7 @@ from typing import Iterable
 
 import numpy as np
 
-from . import layout as L
+from .format import layout as L
 from .errors import RmqStoreError
 from .scan import RecordColumns
 from .listing import open_regular
@@ -187,7 +187,7 @@ def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
 
 def _index_headers(index_dir):
     """(name, header) of each IndexFile, from its first 40 bytes (spec §7.1)."""
-    from . import layout as L
+    from .format import layout as L
     from .index import IndexHeader, _list_index_files
 
     out = []

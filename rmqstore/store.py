@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Sequence
 
 from . import checkpoint as ckpt
-from . import layout as L
+from .format import layout as L
 from .append import (Appended, CommitLogAppender, PutResult, PutStatus, clear_unfinished_append,
                      prepare)
-from .codec import Message, parse_properties
+from .format.message import Message, parse_properties
 from .commitlog import Check, CommitLog, ScanEnd
 from .config import StoreConfig, load_config
 from .dispatch import DEFER_BYTES, BackgroundDispatcher, Dispatcher

@@ -202,7 +202,7 @@ def detect_in_records(found: list[Detected], commit_log_dirs) -> list[Detected]:
 def _prop_crc_record(dirs) -> str | None:
     """The first record of the newest CommitLog segment that holds one, if its properties
     carry ``__CRC32#`` (spec §3.8): records written with enabledAppendPropCRC."""
-    from .codec import decode_record
+    from .format.record import decode_record
     from .config import SEGMENT_NAME
 
     segs = sorted((int(p.name), p) for d in dirs if Path(d).is_dir() for p in Path(d).iterdir()

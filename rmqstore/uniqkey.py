@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import re
 
-from .codec import Host
+from .format.message import Host
 from .times import resolve_tz
 
 _SLACK_MS = 24 * 3600 * 1000

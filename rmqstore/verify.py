@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from . import checkpoint as ckpt
-from . import layout as L
+from .format import layout as L
 from .commitlog import check_record
 from .config import SEGMENT_NAME, StoreConfig, load_config
 from .errors import NotAStoreError

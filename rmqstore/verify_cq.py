@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import layout as L
+from .format import layout as L
 from .consumequeue import UNIT, ConsumeQueue, list_queues
 from .errors import RmqStoreError
 from .listing import entries, offset_name

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import layout as L
+from .format import layout as L
 from .errors import RmqStoreError
 from .index import IndexFile, IndexGeometry
 from .listing import entries, odd_entry, offset_name

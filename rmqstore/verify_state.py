@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import checkpoint as ckpt
-from . import layout as L
+from .format import layout as L
 from .index import IndexFile, IndexGeometry, _list_index_files
 
 

@@ -3,22 +3,33 @@
 Keys are fixed (see docs/reading.md): ``commitLogOffset, storeSize, magic, bodyCRC, queueId,
 flag, queueOffset, sysFlag, bornTimestamp, bornHost, storeTimestamp, storeHost,
 reconsumeTimes, preparedTransactionOffset, topic, properties, tags, keys, uniqKey,
-offsetMsgId, body``, then the body's companions (:func:`rmqstore.bodies.body_fields`:
+offsetMsgId, body``, then the body's companions (:func:`body_fields`:
 ``bodyEncoding`` whenever a body is given; ``bodyCharset``, ``bodyCompression``,
 ``storedBody``, ``bodyNote``, ``bodyFile`` only when they apply), ``propertiesText`` when the
 properties object cannot reproduce the stored text (duplicate names, as batch records have,
 or malformed pairs), and last ``crcOk`` (the stored body matches BODYCRC) and
 ``uniqKeyInfo`` (the UNIQ_KEY taken apart, :mod:`rmqstore.uniqkey`; null without one).
+
+Body modes: ``text`` (decoded in a charset; a body that is not valid text in it is given
+as base64 instead, and ``bodyEncoding`` says so), ``base64``, ``hex``, ``none``, and ``raw``
+(the stored bytes, not decompressed, as base64: what BODYCRC covers). Compressed bodies
+are decompressed first (:mod:`rmqstore.format.compression`); :class:`BodyDir` writes each
+body to a file named by the record's offsetMsgId.
 """
 
 from __future__ import annotations
 
 import base64
+import codecs
+import os
+from pathlib import Path
 from typing import Any
 
-from . import layout as L
-from .bodies import BODY_MODES, body_fields
-from .codec import Host, Message, body_crc, properties_need_text
+from .format import layout as L
+from .format.compression import DecodedBody, compression_of, decode_body as decompress_body
+from .format.message import Host, Message, properties_need_text
+from .format.crc import body_crc
+from .errors import InputError, StoreIOError
 from .uniqkey import uniq_key_info
 
 #: Every key a message object can have, in order (csv columns, docs); the body's
@@ -29,6 +40,107 @@ MESSAGE_FIELDS = ("commitLogOffset", "storeSize", "magic", "bodyCRC", "queueId",
                   "properties", "tags", "keys", "uniqKey", "offsetMsgId", "body",
                   "bodyEncoding", "bodyCharset", "bodyCompression", "storedBody", "bodyNote",
                   "bodyFile", "propertiesText", "crcOk", "uniqKeyInfo", "store")
+
+
+BODY_MODES = ("text", "base64", "hex", "none", "raw")
+
+
+def check_charset(charset: str) -> str:
+    """The canonical codec name, or :class:`InputError` for an unknown charset."""
+    try:
+        return codecs.lookup(charset).name
+    except LookupError:
+        raise InputError(f"unknown charset {charset!r} (utf-8, gbk, latin-1, ...)") from None
+
+
+def check_mode(mode: str) -> str:
+    if mode not in BODY_MODES:
+        raise InputError(f"body mode must be one of {', '.join(BODY_MODES)}, got {mode!r}")
+    return mode
+
+
+def render(data: bytes, mode: str, charset: str = "utf-8") -> tuple[str | None, str | None]:
+    """(value, bodyEncoding) for ``data`` in ``mode`` (``raw`` is base64 here; which bytes
+    are given is the caller's choice). ``text`` that does not decode strictly in
+    ``charset`` comes back as base64, labelled so."""
+    if mode == "none":
+        return None, None
+    if mode == "text":
+        try:
+            return data.decode(charset), "text"
+        except UnicodeDecodeError:
+            return base64.b64encode(data).decode("ascii"), "base64"
+    if mode == "hex":
+        return data.hex(), "hex"
+    return base64.b64encode(data).decode("ascii"), "base64"
+
+
+def body_fields(stored: bytes, sys_flag: int, mode: str, charset: str = "utf-8",
+                sink=None, msg_id: str | None = None) -> dict:
+    """The body part of the message JSON (see :func:`message_dict`), in key order:
+    ``body``, ``bodyEncoding``, ``bodyCharset`` (text in a charset other than UTF-8),
+    ``bodyCompression`` (compressed records), ``storedBody`` (base64 of the stored bytes,
+    whenever ``body`` was decompressed, so the object stays lossless), ``bodyNote`` (a body
+    that could not be decompressed), ``bodyFile`` (where ``sink`` wrote it)."""
+    kind = compression_of(sys_flag)
+    if mode == "raw" or (kind is None and sink is None):
+        dec = DecodedBody(stored, kind, False)
+    else:
+        dec = decompress_body(stored, sys_flag)
+    value, enc = render(dec.data, mode, charset)
+    out: dict = {"body": value}
+    if enc is not None:
+        out["bodyEncoding"] = enc
+        if enc == "text" and charset not in ("utf-8", "utf_8"):
+            out["bodyCharset"] = charset
+    if kind is not None:
+        out["bodyCompression"] = kind
+        if dec.decompressed and mode != "none":
+            out["storedBody"] = base64.b64encode(stored).decode("ascii")
+        if dec.note and mode != "raw":
+            out["bodyNote"] = dec.note
+    if sink is not None and msg_id is not None:
+        out["bodyFile"] = sink(msg_id, dec.data)
+    return out
+
+
+class BodyDir:
+    """Writes each body to ``DIR/<offsetMsgId>``: the name is the hex id the store
+    derives, never text from disk, and the file is created next to its final name and
+    renamed over it, so a symlink planted at the name is replaced, never followed."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.dir = Path(directory)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreIOError(f"cannot create the body directory: {e.strerror}", self.dir,
+                               errno=e.errno) from None
+        if not self.dir.is_dir():
+            raise InputError("not a directory", self.dir)
+
+    def __call__(self, msg_id: str, data: bytes) -> str:
+        name = msg_id.upper()
+        if not name or any(c not in "0123456789ABCDEF" for c in name):
+            raise InputError(f"refusing body file name {msg_id!r}: not an offsetMsgId")
+        final = self.dir / name
+        tmp = self.dir / f".{name}.{os.getpid()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            os.replace(tmp, final)
+        except OSError as e:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            raise StoreIOError(f"cannot write body file: {e.strerror}", final, errno=e.errno) from None
+        return str(final)
 
 
 def encode_body(body: bytes, mode: str) -> str | None:
@@ -56,9 +168,9 @@ def message_dict(msg: Message, body: str = "base64", *, charset: str = "utf-8", 
                  sink=None) -> dict[str, Any]:
     """The message JSON object for one record, keys in the documented order.
 
-    ``body`` is a mode of :mod:`rmqstore.bodies` (compressed bodies are decompressed except
+    ``body`` is a mode of :data:`BODY_MODES` (compressed bodies are decompressed except
     in ``raw``), ``charset`` the text mode's charset, ``tz`` the zone UNIQ_KEY times are
-    read in, ``sink`` a :class:`~rmqstore.bodies.BodyDir` that also writes each body out."""
+    read in, ``sink`` a :class:`BodyDir` that also writes each body out."""
     d: dict[str, Any] = {
         "commitLogOffset": msg.commit_log_offset,
         "storeSize": msg.store_size,
@@ -99,7 +211,7 @@ def message_dicts(cols, body: str = "base64", indices=None, *, charset: str = "u
 
     from .times import resolve_tz
 
-    from .codec import parse_properties, split_keys
+    from .format.message import parse_properties, split_keys
 
     idx = np.arange(len(cols)) if indices is None else np.asarray(indices)
     if len(idx) == 0:

@@ -205,7 +205,7 @@ HOSTILE_TEXT = ["[/x]", "[bold red]hi[/]", "[link=file:///etc/passwd]x[/link]", 
 
 def make_generated(root: Path, count: int, seed: int, *, hostile_data: bool = False,
                    index: tuple[int, int] = (64, 256), version: str = "4.9") -> Path:
-    from rmqstore.codec import Message
+    from rmqstore.format.message import Message
     from rmqstore.config import StoreConfig
     from rmqstore.store import MessageStore
 

@@ -7,7 +7,7 @@ import random
 import threading
 
 from rmqstore.commitlog import Check, CommitLog
-from rmqstore.codec import Message
+from rmqstore.format.message import Message
 from rmqstore.config import StoreConfig
 from rmqstore.consumequeue import open_consume_queue
 from rmqstore.store import MessageStore

@@ -9,11 +9,13 @@ import random
 
 import pytest
 
-from rmqstore import layout as L
+from rmqstore.format import layout as L
 from rmqstore.append import CommitLogAppender
-from rmqstore.codec import SCHEDULE_TOPIC, Host, Message, index_hash, java_hash
+from rmqstore.format.rules import SCHEDULE_TOPIC
+from rmqstore.format.message import Host, Message
+from rmqstore.format.hashing import index_hash, java_hash
 from rmqstore.config import StoreConfig
-from rmqstore.keyhash import prefix_hash, token_hash, token_hashes
+from rmqstore.format.hashing import prefix_hash, token_hash, token_hashes
 from rmqstore.store import MessageStore
 
 V4, V6 = Host.parse("10.0.0.1:1234"), Host.parse("[2001:db8::1]:10911")

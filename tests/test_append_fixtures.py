@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from conftest import NO_FIXTURES, ROCKETMQ_498, manifest, scenario_params
-from rmqstore import layout as L
-from rmqstore.codec import Host, Message, parse_properties, serialize_properties
+from rmqstore.format import layout as L
+from rmqstore.format.message import Host, Message, parse_properties, serialize_properties
 from rmqstore.config import StoreConfig
 from rmqstore.dispatch import Dispatcher
 from rmqstore.store import MessageStore

@@ -12,7 +12,7 @@ import numpy as np
 
 from conftest import REPO, tree_hashes
 from rmqstore import bench as B
-from rmqstore.codec import index_hash_many
+from rmqstore.format.hashing import index_hash_many
 
 KEYS = ["name", "messages", "bytes", "seconds", "msgsPerSec", "mbPerSec"]
 

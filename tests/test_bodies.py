@@ -15,9 +15,10 @@ import zlib
 import pytest
 
 from conftest import FIXTURES, ROCKETMQ_498, manifest, scenario_params
-from rmqstore import bodies
+from rmqstore import view as bodies
+from rmqstore.format import compression
 from rmqstore.broker import _body
-from rmqstore.codec import Message
+from rmqstore.format.message import Message
 from rmqstore.reader import open_store
 from rmqstore.uniqkey import uniq_key_info
 from rmqstore.view import message_dict
@@ -69,7 +70,7 @@ def test_damaged_or_unknown_compression_is_a_note_never_an_exception():
 
 
 def test_decompression_bomb_is_capped(monkeypatch):
-    monkeypatch.setattr(bodies, "MAX_DECOMPRESSED", 1000)
+    monkeypatch.setattr(compression, "MAX_DECOMPRESSED", 1000)
     f = bodies.body_fields(zlib.compress(b"\0" * 5000), 0x1, "hex")
     assert "more than 1000 bytes" in f["bodyNote"] and f["body"] == zlib.compress(b"\0" * 5000).hex()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from rmqstore.checkpoint import read_checkpoint
-from rmqstore.codec import Message
+from rmqstore.format.message import Message
 from rmqstore.config import StoreConfig
 from rmqstore.index import IndexFile, IndexGeometry, _list_index_files
 from rmqstore.store import MessageStore

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from conftest import MESSAGE_SCENARIOS, ROCKETMQ_498, manifest, scenario_params, tree_hashes
-from rmqstore.codec import parse_properties, split_keys
+from rmqstore.format.message import parse_properties, split_keys
 from rmqstore.reader import open_store
 
 runner = CliRunner()

@@ -15,7 +15,7 @@ import zlib
 import pytest
 
 from conftest import ROCKETMQ_498, manifest, scenario_params
-from rmqstore.codec import Host, Message
+from rmqstore.format.message import Host, Message
 from rmqstore.config import StoreConfig
 from rmqstore.store import MessageStore
 

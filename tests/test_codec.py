@@ -5,11 +5,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rmqstore import layout as L
-from rmqstore.codec import (Host, Message, body_crc, properties_need_text, decode_offset_msg_id, decode_record,
-                            encode_record, index_hash, index_hash_many, java_hash,
-                            java_hash_many, offset_msg_id, parse_delay_levels,
-                            parse_properties, serialize_properties, split_keys, tags_code)
+from rmqstore.format import layout as L
+from rmqstore.format.message import (Host, Message, properties_need_text, decode_offset_msg_id,
+                                     offset_msg_id, parse_properties, serialize_properties,
+                                     split_keys)
+from rmqstore.format.crc import body_crc
+from rmqstore.format.record import decode_record, encode_record
+from rmqstore.format.hashing import index_hash, index_hash_many, java_hash, java_hash_many
+from rmqstore.format.rules import parse_delay_levels, tags_code
 from rmqstore.errors import InputError, RecordError
 
 PROPS_533 = ("MSG_REGION\x01DefaultRegion\x02UNIQ_KEY\x010A00000110922A9F1B6D496ED4000007\x02"

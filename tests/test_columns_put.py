@@ -13,8 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmqstore import layout as L
-from rmqstore.codec import SCHEDULE_TOPIC, Host, index_hash
+from rmqstore.format import layout as L
+from rmqstore.format.rules import SCHEDULE_TOPIC
+from rmqstore.format.message import Host
+from rmqstore.format.hashing import index_hash
 from rmqstore.columns_put import MessageBatch, _token_hashes, put_index_hashes
 from rmqstore.config import StoreConfig
 from rmqstore.index import IndexGeometry, IndexService

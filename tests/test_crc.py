@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rmqstore.crc import VEC_MAX, crc32_spans
+from rmqstore.format.crc import VEC_MAX, crc32_spans
 
 
 def _zlib(buf: bytes, pos, length):

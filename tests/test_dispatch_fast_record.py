@@ -1,9 +1,10 @@
 """The inline single-record dispatch writes what the general one does."""
 import random
 
-from rmqstore.codec import Message, index_hash
+from rmqstore.format.message import Message
+from rmqstore.format.hashing import index_hash
 from rmqstore.config import StoreConfig
-from rmqstore.keyhash import prefix_hash, token_hash
+from rmqstore.format.hashing import prefix_hash, token_hash
 from rmqstore.store import MessageStore
 
 

@@ -20,8 +20,8 @@ from hypothesis import given, settings, strategies as st
 from conftest import FIXTURES, tree_hashes
 from rmqstore import dledger as D
 from rmqstore import dledger_layout as DL
-from rmqstore import layout as L
-from rmqstore.codec import offset_msg_id
+from rmqstore.format import layout as L
+from rmqstore.format.message import offset_msg_id
 from rmqstore.consumequeue import ConsumeQueue, list_queues
 from rmqstore.errors import ConfigError, NotAStoreError, OffsetError, RecordError, RmqStoreError
 from rmqstore.scan import columns, consistent

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from conftest import tree_hashes
 from rmqstore.checkpoint import Checkpoint, write_checkpoint
-from rmqstore.codec import Message
+from rmqstore.format.message import Message
 from rmqstore.config import StoreConfig
 from rmqstore.consumequeue import list_queues
 from rmqstore.errors import RefusedError

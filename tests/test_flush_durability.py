@@ -19,7 +19,7 @@ from rmqstore.store import MessageStore
 
 CHILD = textwrap.dedent("""
     import sys
-    from rmqstore.codec import Message
+    from rmqstore.format.message import Message
     from rmqstore.config import StoreConfig
     from rmqstore.store import MessageStore
     root, run = sys.argv[1], int(sys.argv[2])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.codec import Message
+from rmqstore.format.message import Message
 from rmqstore.config import StoreConfig
 from rmqstore.reader import open_store
 from rmqstore.store import MessageStore
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 WRITER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {repo!r})
-    from rmqstore.codec import Message
+    from rmqstore.format.message import Message
     from rmqstore.config import StoreConfig
     from rmqstore.store import MessageStore
     root, first, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

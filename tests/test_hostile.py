@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from rmqstore.append import PutStatus
 from rmqstore.checkpoint import abort_exists
-from rmqstore.codec import Message
+from rmqstore.format.message import Message
 from rmqstore.config import StoreConfig
 from rmqstore.errors import RefusedError, UnsafePathError
 from rmqstore.recovery import plan_repair, repair

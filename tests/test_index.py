@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import MESSAGE_SCENARIOS, SCENARIOS, scenario_params, store_expectations, tree_hashes
-from rmqstore.codec import index_hash_many, split_keys
+from rmqstore.format.hashing import index_hash_many
+from rmqstore.format.message import split_keys
 from rmqstore.errors import ConfigError
 from rmqstore.index import (IndexFile, IndexGeometry, IndexReader, IndexService, build_index,
                             index_file_name, infer_index_geometry)

@@ -15,7 +15,7 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmqstore.codec import Message
+from rmqstore.format.message import Message
 from rmqstore.config import StoreConfig
 from rmqstore.dispatch import DEFER_BYTES, DEFER_MAX
 from rmqstore.reader import open_store
@@ -106,7 +106,7 @@ def test_waiting_keys_reach_the_files_within_a_flush_interval(tmp_path):
 
 CHILD = textwrap.dedent("""
     import sys
-    from rmqstore.codec import Message
+    from rmqstore.format.message import Message
     from rmqstore.config import StoreConfig
     from rmqstore.store import MessageStore
     root, keyed, plain, body = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -159,7 +159,7 @@ def test_a_long_keyless_tail_bounds_the_wait(tmp_path):
 
 DIE_IN_DRAIN = textwrap.dedent("""
     import os, sys
-    from rmqstore.codec import Message
+    from rmqstore.format.message import Message
     from rmqstore.config import StoreConfig
     from rmqstore.dispatch import Dispatcher
     from rmqstore.store import MessageStore

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import tree_hashes
 from rmqstore import mapped
-from rmqstore.codec import Message
+from rmqstore.format.message import Message
 from rmqstore.config import StoreConfig
 from rmqstore.consumequeue import ConsumeQueue, ConsumeQueueWriter
 from rmqstore.errors import StoreIOError

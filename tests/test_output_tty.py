@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from rmqstore.codec import Message
+from rmqstore.format.message import Message
 from rmqstore.config import StoreConfig
 from rmqstore.store import MessageStore
 

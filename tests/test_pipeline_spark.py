@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover
 from conftest import ROCKETMQ_498, SCENARIOS  # noqa: E402
 
 from rmqstore import stats as STATS
-from rmqstore import layout as L  # noqa: E402
+from rmqstore.format import layout as L  # noqa: E402
 
 if not ROCKETMQ_498.is_dir():
     pytest.skip("RocketMQ fixtures absent", allow_module_level=True)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rmqstore import spans as R
-from rmqstore.codec import parse_properties
+from rmqstore.format.message import parse_properties
 
 NAMES = ["TAGS", "KEYS", "UNIQ_KEY", "DELAY", "K", "TA", "TAGSX", "AGS"]
 # Names, values and noise that collide with the names above in every way that matters.
@@ -73,7 +73,7 @@ _text = st.text(alphabet=st.sampled_from("abcXYZ019 #_-é中\U0001F600"), max_si
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_text, min_size=1, max_size=40), st.booleans())
 def test_span_hash_is_java_hash(texts, one_length):
-    from rmqstore.codec import java_hash
+    from rmqstore.format.hashing import java_hash, span_hash
 
     if one_length:  # the exact-width path: every span one length
         n = len(texts[0].encode())
@@ -85,7 +85,7 @@ def test_span_hash_is_java_hash(texts, one_length):
         pos.append(at + 1)
         at += 1 + len(r)
     u8 = np.frombuffer(buf, dtype=np.uint8)
-    h, units, has = R.span_hash(u8, np.array(pos), np.array([len(r) for r in raw]), 0x20)
+    h, units, has = span_hash(u8, np.array(pos), np.array([len(r) for r in raw]), 0x20)
     for i, r in enumerate(raw):
         s = r.decode("utf-8", "replace")
         assert int(h[i]) == java_hash(s) & 0xFFFFFFFF, s

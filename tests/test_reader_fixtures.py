@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from conftest import MESSAGE_SCENARIOS, ROCKETMQ_498, SEGMENT_4X, NO_FIXTURES, manifest, scenario_params
-from rmqstore.codec import encode_record, parse_properties
+from rmqstore.format.record import encode_record
+from rmqstore.format.message import parse_properties
 from rmqstore.commitlog import Check, CommitLog
 from rmqstore.config import load_config
 from rmqstore.reader import classify, open_segment_file, open_store

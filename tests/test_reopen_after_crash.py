@@ -19,7 +19,7 @@ import pytest
 from conftest import FIXTURES, copy_store
 from rmqstore.append import clear_unfinished_append
 from rmqstore.checkpoint import read_checkpoint
-from rmqstore.codec import Message
+from rmqstore.format.message import Message
 from rmqstore.config import StoreConfig, load_config
 from rmqstore.index import IndexFile, IndexGeometry, index_hash
 from rmqstore.reader import open_store
@@ -172,7 +172,7 @@ def test_slot_heads_of_an_unfinished_index_put_are_rolled_back(tmp_path):
 
 CHILD = textwrap.dedent("""
     import json, random, sys
-    from rmqstore.codec import Message
+    from rmqstore.format.message import Message
     from rmqstore.config import StoreConfig
     from rmqstore.store import MessageStore
     root, seed, kw, idle_after = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.codec import Message
+from rmqstore.format.message import Message
 from rmqstore.config import StoreConfig
 from rmqstore.errors import RefusedError
 from rmqstore.store import MessageStore

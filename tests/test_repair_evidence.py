@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.codec import Message
+from rmqstore.format.message import Message
 from rmqstore.config import StoreConfig
 from rmqstore.errors import RefusedError
 from rmqstore.recovery import plan_repair, repair

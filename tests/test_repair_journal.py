@@ -28,7 +28,7 @@ from crashpoints import CLOCK, Crash, Dies, snapshot
 from rmqstore import journal as J
 from rmqstore import undo as U
 from rmqstore.checkpoint import hold_lock
-from rmqstore.codec import Message
+from rmqstore.format.message import Message
 from rmqstore.config import StoreConfig
 from rmqstore.errors import RefusedError, StoreLockedError
 from rmqstore.recovery import plan_repair, repair

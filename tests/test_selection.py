@@ -9,7 +9,7 @@ import datetime as dt
 import pytest
 
 from conftest import ROCKETMQ_498, manifest, scenario_params
-from rmqstore.codec import Host, Message, split_keys
+from rmqstore.format.message import Host, Message, split_keys
 from rmqstore.config import StoreConfig
 from rmqstore.errors import InputError
 from rmqstore.reader import open_segment_file, open_store

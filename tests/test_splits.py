@@ -20,10 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rmqstore import stats as STATS
-from rmqstore import layout as L
+from rmqstore.format import layout as L
 from rmqstore import splits as S
 from rmqstore import arrowview as AV
-from rmqstore.codec import Host, Message, decode_record, encode_record
+from rmqstore.format.message import Host, Message
+from rmqstore.format.record import decode_record, encode_record
 
 from conftest import MESSAGE_SCENARIOS, ROCKETMQ_498, manifest
 
@@ -324,7 +325,7 @@ def test_arrow_rows_equal_manifest(scenario):
 
 def test_properties_parsing_matches_codec():
     """Vectorised parsing against codec.parse_properties on awkward texts (spec §3.4)."""
-    from rmqstore.codec import parse_properties, properties_need_text, serialize_properties
+    from rmqstore.format.message import parse_properties, properties_need_text, serialize_properties
 
     texts = ["", "\x02", "a\x01b", "a\x01b\x02", "a\x01b\x02\x02", "\x01b\x02c\x01d", "a\x01\x02b\x01c",
              "a\x01b\x01c\x02a\x01z", "k\x01v\x02k\x01w\x02k\x01x\x02", "é\x01😀\x02x\x01y", "abc", "a\x01b\x02c"]

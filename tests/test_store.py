@@ -12,9 +12,9 @@ import textwrap
 
 import pytest
 
-from rmqstore import layout as L
+from rmqstore.format import layout as L
 from rmqstore.append import PutStatus
-from rmqstore.codec import Host, Message
+from rmqstore.format.message import Host, Message
 from rmqstore.commitlog import CommitLog
 from rmqstore.config import StoreConfig
 from rmqstore.consumequeue import ConsumeQueueWriter, open_consume_queue
@@ -264,7 +264,7 @@ def test_cli_as_broker_delay_rewrite(tmp_path):
 def test_put_after_close_raises_even_through_a_saved_reference(tmp_path):
     """The one-at-a-time put installed at open (a closure) still refuses a closed store,
     also when a caller kept ``put = st.put`` from before the close."""
-    from rmqstore.codec import Message
+    from rmqstore.format.message import Message
     from rmqstore.config import StoreConfig
     from rmqstore.errors import RecordError
     from rmqstore.store import MessageStore

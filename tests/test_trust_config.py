@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from conftest import FIXTURES, copy_store, tree_hashes
-from rmqstore.codec import Message
+from rmqstore.format.message import Message
 from rmqstore.config import StoreConfig, load_config
 from rmqstore.errors import ConfigError, UnsupportedStoreError
 from rmqstore.index import IndexFile, IndexGeometry

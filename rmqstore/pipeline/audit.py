@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import layout as L
+from ..format import layout as L
 
 PROBLEMS = ("missing", "extra", "beyond-end", "mismatch", "hole", "duplicate")
 INFO = ("expired",)

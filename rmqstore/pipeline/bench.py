@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import layout as L
-from ..codec import Host, Message, encode_record
+from ..format import layout as L
+from ..format.message import Host, Message
+from ..format.record import encode_record
 
 
 def generate_commitlog(root: str | os.PathLike, total_bytes: int, *, segment_size: int = 1 << 30,

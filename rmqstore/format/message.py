@@ -1,0 +1,182 @@
+"""A message and the small encodings around it: properties text (spec §3.4), hosts and
+offsetMsgId (§3.2, §5.1), and :class:`Message`, one record decoded or one to append.
+
+Record bytes are :mod:`rmqstore.format.record`'s business; the Java hashes are in
+:mod:`rmqstore.format.hashing`, broker rules such as tagsCode in :mod:`rmqstore.format.rules`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, NamedTuple
+
+from ..errors import InputError
+from . import layout as L
+
+# --- properties (spec §3.4) --------------------------------------------------------------
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Properties map exactly as RocketMQ 4.9.1+/5.x parse it; later names win."""
+    out: dict[str, str] = {}
+    if not text:
+        return out
+    for seg in text.split(L.PROPERTY_SEPARATOR):
+        if len(seg) < 3:
+            continue
+        i = seg.find(L.PROPERTY_NAME_VALUE_SEPARATOR)
+        if i <= 0 or i == len(seg) - 1:
+            continue
+        out[seg[:i]] = seg[i + 1:]
+    return out
+
+
+def serialize_properties(props: Mapping[str, str] | Iterable[tuple[str, str]],
+                         trailing: bool = False) -> str:
+    """``name\\x01value\\x02`` per pair in the given order; None values are skipped."""
+    # duck-typed: an isinstance check against the Mapping ABC costs more than the join
+    items = props.items() if hasattr(props, "items") else props
+    parts = [f"{k}\x01{v}" for k, v in items if v is not None]
+    text = "\x02".join(parts)
+    return text + "\x02" if trailing and text else text
+
+
+def properties_need_text(props: Mapping[str, str], text: str) -> bool:
+    """True when ``props`` (parsed from ``text``) cannot reproduce ``text`` under either
+    separator convention.
+
+    Parsing only ever loses information by dropping a malformed segment or by a later
+    duplicate replacing an earlier one; either way fewer names come out than segments
+    went in. So counting segments decides it without re-serialising."""
+    if not text:
+        return False
+    segments = text.count(L.PROPERTY_SEPARATOR) + 1
+    if text.endswith(L.PROPERTY_SEPARATOR):
+        segments -= 1  # the 0x02 some versions end with (spec §3.4)
+    return segments != len(props)
+
+
+def split_keys(keys: str | None) -> list[str]:
+    """KEYS tokens as the index sees them: Java ``split(" ")``, empty tokens dropped."""
+    return [k for k in keys.split(" ") if k] if keys else []
+
+
+# --- hosts and ids (spec §3.2, §5.1) -----------------------------------------------------
+
+
+class Host(NamedTuple):
+    """A socket address as stored: 4 or 16 address bytes and a port."""
+
+    address: bytes
+    port: int
+
+    @property
+    def is_v6(self) -> bool:
+        return len(self.address) == 16
+
+    def __str__(self) -> str:
+        if self.is_v6:
+            # Java's Inet6Address text: eight groups, lowercase, no zero compression.
+            groups = ":".join(format(int.from_bytes(self.address[i:i + 2], "big"), "x")
+                              for i in range(0, 16, 2))
+            return f"[{groups}]:{self.port}"
+        return f"{'.'.join(str(b) for b in self.address)}:{self.port}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Host":
+        """``ip:port`` or ``[v6]:port``; an IPv4-mapped v6 address is stored as IPv4."""
+        text = text.strip().lstrip("/")
+        try:
+            if text.startswith("["):
+                addr_text, _, port_text = text[1:].partition("]:")
+            else:
+                addr_text, _, port_text = text.rpartition(":")
+            ip = ipaddress.ip_address(addr_text)
+            port = int(port_text)
+        except ValueError:
+            raise InputError(f"not a host address 'ip:port' or '[ipv6]:port': {text!r}") from None
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return cls(ip.packed, port)
+
+
+def offset_msg_id(store_host: Host, physical_offset: int) -> str:
+    """offsetMsgId: store address + port + physical offset, uppercase hex (spec §5.1)."""
+    return (store_host.address + store_host.port.to_bytes(4, "big", signed=True)
+            + physical_offset.to_bytes(8, "big", signed=True)).hex().upper()
+
+
+def decode_offset_msg_id(msg_id: str) -> tuple[Host, int]:
+    """(store host, physical offset) from an offsetMsgId of 32 or 56 hex characters."""
+    text = msg_id.strip()
+    if len(text) not in (32, 56):
+        raise InputError(f"offsetMsgId must have 32 or 56 hex characters, got {len(text)}: {text!r}")
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raise InputError(f"offsetMsgId is not hexadecimal: {text!r}") from None
+    alen = 4 if len(raw) == 16 else 16
+    port = int.from_bytes(raw[alen:alen + 4], "big", signed=True)
+    return Host(raw[:alen], port), int.from_bytes(raw[alen + 4:], "big", signed=True)
+
+
+# --- the message -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Message:
+    """One CommitLog record, decoded, or a message to append.
+
+    ``properties_text``, when set, is the exact stored properties text; it wins over
+    ``properties`` on encode, so a decoded record re-encodes to the same bytes.
+    """
+
+    topic: str
+    body: bytes = b""
+    properties: dict[str, str] = field(default_factory=dict)
+    queue_id: int = 0
+    flag: int = 0
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: Host = Host(b"\x7f\x00\x00\x01", 0)
+    store_timestamp: int = 0
+    store_host: Host = Host(b"\x7f\x00\x00\x01", 10911)
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+    queue_offset: int = 0
+    commit_log_offset: int = 0
+    store_size: int = 0
+    body_crc: int = 0
+    magic: int = L.MAGIC_V1
+    properties_text: str | None = None
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get("TAGS")
+
+    @property
+    def keys(self) -> list[str]:
+        return split_keys(self.properties.get("KEYS"))
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get("UNIQ_KEY")
+
+    @property
+    def transaction_type(self) -> int:
+        return self.sys_flag & L.SYSFLAG_TRANSACTION_MASK
+
+    @property
+    def offset_msg_id(self) -> str:
+        return offset_msg_id(self.store_host, self.commit_log_offset)
+
+    def index_keys(self) -> list[str]:
+        """Keys dispatch puts into the IndexFile for this record, in order (spec §7.3)."""
+        if self.transaction_type == L.TRANSACTION_ROLLBACK:
+            return []
+        out = []
+        if self.uniq_key is not None:
+            out.append(f"{self.topic}#{self.uniq_key}")
+        out.extend(f"{self.topic}#{k}" for k in self.keys)
+        return out

@@ -1,0 +1,112 @@
+"""One CommitLog record: encode a :class:`~rmqstore.format.message.Message` to its bytes
+and decode them back (spec §3.1, the §3.9 checks), with the ``struct`` forms derived in
+:mod:`rmqstore.format.layout`; the ``construct`` schema there is the reference they are
+tested against.
+"""
+
+from __future__ import annotations
+
+from ..errors import RecordError
+from . import layout as L
+from .crc import body_crc
+from .message import Host, Message, parse_properties, serialize_properties
+
+
+def _host_bits(born: Host, store: Host) -> int:
+    return (L.SYSFLAG_BORNHOST_V6 if born.is_v6 else 0) | (L.SYSFLAG_STOREHOST_V6 if store.is_v6 else 0)
+
+
+def encode_record(msg: Message, *, trailing_separator: bool = False) -> bytes:
+    """Record bytes for ``msg`` exactly as the broker lays them out (spec §3.1).
+
+    The host bits of SYSFLAG follow the host widths; TOTALSIZE, the lengths and BODYCRC
+    are computed. QUEUEOFFSET and PHYSICALOFFSET are taken from the message as they are.
+    """
+    sys_flag = (msg.sys_flag & ~(L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6)) | _host_bits(
+        msg.born_host, msg.store_host)
+    topic = msg.topic.encode("utf-8", "replace")
+    text = msg.properties_text
+    if text is None:
+        text = serialize_properties(msg.properties, trailing_separator)
+    props = text.encode("utf-8", "replace")
+    magic = msg.magic
+    if len(topic) > 127 or magic == L.MAGIC_V2:
+        magic = L.MAGIC_V2
+    key = (msg.born_host.is_v6, msg.store_host.is_v6)
+    total = L.RECORD_FIXED_SIZE[key] + len(msg.body) + (2 if magic == L.MAGIC_V2 else 1) + len(topic) + 2 + len(props)
+    head = L.RECORD_FIXED_STRUCT[key].pack(
+        total, magic, body_crc(msg.body), msg.queue_id, msg.flag, msg.queue_offset,
+        msg.commit_log_offset, sys_flag, msg.born_timestamp, msg.born_host.address,
+        msg.born_host.port, msg.store_timestamp, msg.store_host.address, msg.store_host.port,
+        msg.reconsume_times, msg.prepared_transaction_offset, len(msg.body))
+    tlen = len(topic).to_bytes(2 if magic == L.MAGIC_V2 else 1, "big")
+    return b"".join((head, msg.body, tlen, topic, len(props).to_bytes(2, "big"), props))
+
+
+def decode_record(buf, pos: int = 0, *, limit: int | None = None, path=None,
+                  base: int = 0, check_crc: bool = False) -> Message:
+    """Decode the message record at ``pos`` of ``buf`` (spec §3.9 rules).
+
+    Raises :class:`RecordError` naming ``path`` and the absolute offset ``base + pos``.
+    """
+    end = len(buf) if limit is None else limit
+    where = base + pos
+
+    def bad(why: str) -> RecordError:
+        return RecordError(why, path, where)
+
+    if end - pos < 8:
+        raise bad(f"only {max(end - pos, 0)} bytes left, too few for a record")
+    total, magic = L.BLANK_STRUCT.unpack_from(buf, pos)
+    if magic == L.MAGIC_BLANK:
+        raise bad("BLANK end-of-segment record, not a message")
+    if magic not in L.MESSAGE_MAGICS:
+        raise bad(f"bad magic 0x{magic & 0xFFFFFFFF:08X}")
+    if total <= 0 or total > end - pos:
+        raise bad(f"record size {total} does not fit the {end - pos} bytes left")
+    sys_flag = int.from_bytes(buf[pos + 36:pos + 40], "big", signed=True)
+    key = (bool(sys_flag & L.SYSFLAG_BORNHOST_V6), bool(sys_flag & L.SYSFLAG_STOREHOST_V6))
+    fixed = L.RECORD_FIXED_SIZE[key]
+    if total < fixed + 3:
+        raise bad(f"record size {total} is below the {fixed + 3}-byte minimum")
+    (_, _, crc, queue_id, flag, queue_offset, physical_offset, _, born_ts, born_addr,
+     born_port, store_ts, store_addr, store_port, reconsume, prepared,
+     body_len) = L.RECORD_FIXED_STRUCT[key].unpack_from(buf, pos)
+    p = pos + fixed
+    stop = pos + total
+    blen = max(body_len, 0)
+    if p + blen > stop:
+        raise bad(f"body length {body_len} runs past the record end")
+    body = bytes(buf[p:p + blen])
+    p += blen
+    tsize = 2 if magic == L.MAGIC_V2 else 1
+    if p + tsize > stop:
+        raise bad("topic length runs past the record end")
+    tlen = int.from_bytes(buf[p:p + tsize], "big", signed=True)
+    p += tsize
+    if tlen < 0 or p + tlen + 2 > stop:
+        raise bad(f"topic length {tlen} runs past the record end")
+    topic = bytes(buf[p:p + tlen]).decode("utf-8", "replace")
+    p += tlen
+    plen = int.from_bytes(buf[p:p + 2], "big", signed=True)
+    p += 2
+    plen = max(plen, 0)
+    if p + plen != stop:
+        raise bad(f"lengths add up to {p + plen - pos} bytes but the record says {total}")
+    text = bytes(buf[p:p + plen]).decode("utf-8", "replace")
+    if check_crc and body_crc(body) != crc:
+        raise bad(f"body CRC mismatch: stored {crc}, computed {body_crc(body)}")
+    return Message(
+        topic=topic, body=body, properties=parse_properties(text), queue_id=queue_id,
+        flag=flag, sys_flag=sys_flag, born_timestamp=born_ts,
+        born_host=Host(born_addr, born_port), store_timestamp=store_ts,
+        store_host=Host(store_addr, store_port), reconsume_times=reconsume,
+        prepared_transaction_offset=prepared, queue_offset=queue_offset,
+        commit_log_offset=physical_offset, store_size=total, body_crc=crc, magic=magic,
+        properties_text=text)
+
+
+def encode_batch_entry(body: bytes, properties_text: str, flag: int = 0) -> bytes:
+    """One entry of a batch-send body (spec §3.7): MAGIC and BODYCRC are 0."""
+    props = properties_text.encode("utf-8")
+    return L.BatchEntry.build(dict(magic=0, body_crc=0, flag=flag, body=body, properties=props))
