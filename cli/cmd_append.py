@@ -95,11 +95,11 @@ def append(
     stops the command with "FILE:LINE: why" (exit 2); the lines before it stay appended.
     Exit 0 when every message is PUT_OK, 1 when some are not, 2 on bad usage or input.
     """
-    from rmqstore.append import now_ms
-    from rmqstore.broker import as_broker as broker_rewrite, message_from_json
-    from rmqstore.config import load_config
+    from rmqstore.engine.append import now_ms
+    from rmqstore.engine.broker import as_broker as broker_rewrite, message_from_json
+    from rmqstore.files.config import load_config
     from rmqstore.errors import InputError
-    from rmqstore.store import MessageStore
+    from rmqstore.engine.store import MessageStore
 
     if (jsonl is None) == (topic is None):
         raise fail("give either --jsonl FILE or --topic (with --body/--body-file) for one message")
@@ -111,7 +111,7 @@ def append(
                  "flush_disk_type": flush_disk_type}
     cfg = load_config(store, config, overrides)
     if store.is_dir():
-        from rmqstore.storekind import require_writable
+        from rmqstore.files.storekind import require_writable
 
         require_writable(cfg, "append")
     report_config(cfg)

@@ -130,7 +130,7 @@ def dump(
     Exit 1 when a message dump ends in damage (a torn or garbled record, a missing
     segment) or printed a message whose body fails its CRC (crcOk false); everything
     readable is still printed, and one warning line on stderr says where."""
-    from rmqstore.config import load_config
+    from rmqstore.files.config import load_config
     from rmqstore.reader import classify
 
     use_tz(tz)
@@ -230,10 +230,10 @@ def _follow(path, config, filters, limit, out, mode, charset, sink) -> None:
 def _dump_file(path, kind, cfg, config, from_offset, to_offset, limit, out: Output) -> None:
     """A ConsumeQueue, an IndexFile or the checkpoint (``cfg``: the settings of the store
     the file sits in, when it sits in one)."""
-    from rmqstore.config import load_config
+    from rmqstore.files.config import load_config
 
     if kind.kind in ("consumequeue-dir", "consumequeue-file"):
-        from rmqstore.consumequeue import ConsumeQueue
+        from rmqstore.files.consumequeue import ConsumeQueue
         from rmqstore.view import unit_dict
 
         cfg = cfg or load_config(kind.root, config)
@@ -249,7 +249,7 @@ def _dump_file(path, kind, cfg, config, from_offset, to_offset, limit, out: Outp
             out.rows(_limited(rows, limit), UNIT_COLUMNS)
         return
     if kind.kind == "indexfile":
-        from rmqstore.index import IndexFile, infer_index_geometry
+        from rmqstore.files.index import IndexFile, infer_index_geometry
 
         cfg = cfg or load_config(kind.root, config)
         geometry = infer_index_geometry(kind.path.stat().st_size, hash_slot_num=cfg.max_hash_slot_num,
@@ -269,7 +269,7 @@ def _dump_file(path, kind, cfg, config, from_offset, to_offset, limit, out: Outp
             f.close()
         return
     if kind.kind == "checkpoint":
-        from rmqstore.checkpoint import read_checkpoint
+        from rmqstore.files.checkpoint import read_checkpoint
 
         cp = read_checkpoint(kind.path)
         out.record({"physicMsgTimestamp": cp.physic_msg_timestamp,

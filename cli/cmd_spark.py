@@ -58,7 +58,7 @@ def _start(stores: List[str], *, master: Optional[str], conf: Optional[List[str]
            config: Optional[Path] = None, out: Optional[str] = None, local_only: Optional[str] = None,
            write: Optional[str] = None):
     """Check everything that can be checked without Spark (``write``: as
-    :func:`rmqstore.storekind.require_writable` checks it), then start it; the stores'
+    :func:`rmqstore.files.storekind.require_writable` checks it), then start it; the stores'
     configuration notes and warnings go to stderr. Returns the jobs module, the session,
     the progress printer and the checks' findings."""
     missing = [m for m in ("pyspark", "pyarrow", "pandas") if importlib.util.find_spec(m) is None]

@@ -31,11 +31,11 @@ def _root(store: Path) -> Path:
 
 
 def _config(store: Path, config: Optional[Path], *writes: str):
-    """The store's settings (:func:`rmqstore.config.load_config`); for a writing command,
-    refused first when it cannot run safely (:func:`rmqstore.storekind.require_writable`),
+    """The store's settings (:func:`rmqstore.files.config.load_config`); for a writing command,
+    refused first when it cannot run safely (:func:`rmqstore.files.storekind.require_writable`),
     then the notes and warnings printed."""
-    from rmqstore.config import load_config
-    from rmqstore.storekind import require_writable
+    from rmqstore.files.config import load_config
+    from rmqstore.files.storekind import require_writable
 
     cfg = load_config(_root(store), config)
     for op in writes:
@@ -81,7 +81,7 @@ def verify(
     jsonl, csv and tsv: one row per finding; json: the summary and the findings.
 
     Exit 0: clean (only notes); 1: problems found; 2: not a usable store."""
-    from rmqstore.verify import verify as run
+    from rmqstore.recovery.verify import verify as run
 
     cfg = _config(store, config)
     cb, ctx = _progress("verify")
@@ -119,9 +119,9 @@ def repair(
     cut short (Ctrl-C, kill, full disk) is undone from its backup by the next repair, which
     then plans afresh; `rmqstore restore BACKUP` undoes a repair. jsonl, csv and tsv: one
     row per step; json: one document with the plan and, after a repair, its result."""
-    from rmqstore.checkpoint import is_locked
-    from rmqstore.journal import find_interrupted
-    from rmqstore.recovery import default_backup_dir, plan_repair, repair as run
+    from rmqstore.files.checkpoint import is_locked
+    from rmqstore.recovery.journal import find_interrupted
+    from rmqstore.recovery.repair import default_backup_dir, plan_repair, repair as run
 
     if backup is not None and no_backup:
         raise fail("--backup and --no-backup exclude each other")
@@ -221,8 +221,8 @@ def restore(
     Takes the store lock. Refuses (exit 2) when the store changed since the repair in a
     way the backup cannot explain (a broker ran, a newer repair), when another repair is
     unfinished, or when the backup was already undone. Run it again if it is cut short."""
-    from rmqstore.journal import read_backup
-    from rmqstore.undo import restore as run
+    from rmqstore.recovery.journal import read_backup
+    from rmqstore.recovery.undo import restore as run
 
     state = read_backup(backup)
     target = store or state.store
@@ -260,7 +260,7 @@ def rebuild(
     """Re-dispatch ConsumeQueues and/or IndexFiles from the CommitLog (neither flag: both).
 
     New files are written beside the old ones and swapped in by rename."""
-    from rmqstore.rebuild import rebuild as run
+    from rmqstore.recovery.rebuild import rebuild as run
 
     if not consumequeue and not index:
         consumequeue = index = True

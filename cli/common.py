@@ -129,7 +129,7 @@ def iso(ms: Optional[int]) -> str:
 
 
 def report_config(cfg) -> None:
-    """The notes and warnings :func:`rmqstore.config.load_config` left, one line each on
+    """The notes and warnings :func:`rmqstore.files.config.load_config` left, one line each on
     stderr: what was ignored, and what the output may not cover."""
     for n in cfg.notes:
         typer.echo(f"rmqstore: note: {n}", err=True)

@@ -2,7 +2,7 @@
 killed by SIGBUS becomes one line and exit 2 instead of "Bus error (core dumped)".
 
 rmqstore reads and writes through memory maps. It allocates before it writes through one
-and maps holes safely (:mod:`rmqstore.mapped`), but a file truncated by another process
+and maps holes safely (:mod:`rmqstore.files.mapped`), but a file truncated by another process
 while mapped, or a disk failing under a map, still raises SIGBUS, which Python cannot
 catch. The parent only waits: the child keeps stdin, stdout, stderr and the terminal's
 process group, so pipes, ``| head``, Ctrl-C and Ctrl-Z behave as before. A signal sent to
@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 
-from rmqstore import notes
+from rmqstore.files import notes
 
 #: Signals another process may send to the parent, handed on to the child.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,

@@ -37,12 +37,12 @@ _LAZY = {
     "ScanStop": ("selection", "ScanStop"),
     "Follower": ("follow", "Follower"),
     "verify": ("verify", "verify"),
-    "VerifyReport": ("verify", "VerifyReport"),
-    "plan_repair": ("recovery", "plan_repair"),
-    "repair": ("recovery", "repair"),
+    "VerifyReport": ("recovery.verify", "VerifyReport"),
+    "plan_repair": ("recovery.repair", "plan_repair"),
+    "repair": ("recovery.repair", "repair"),
     "rebuild": ("rebuild", "rebuild"),
     "store_stats": ("stats", "store_stats"),
-    "MessageStore": ("store", "MessageStore"),
+    "MessageStore": ("engine.store", "MessageStore"),
     "Message": ("format.message", "Message"),
     "Host": ("format.message", "Host"),
     "message_dict": ("view", "message_dict"),
@@ -53,8 +53,8 @@ _LAZY = {
     "format_time": ("times", "format_time"),
     "resolve_tz": ("times", "resolve_tz"),
     "set_default_tz": ("times", "set_default_tz"),
-    "StoreConfig": ("config", "StoreConfig"),
-    "load_config": ("config", "load_config"),
+    "StoreConfig": ("files.config", "StoreConfig"),
+    "load_config": ("files.config", "load_config"),
 }
 
 __all__ = sorted([*_LAZY, "ConfigError", "InputError", "NotAStoreError", "OffsetError",
@@ -63,10 +63,10 @@ __all__ = sorted([*_LAZY, "ConfigError", "InputError", "NotAStoreError", "Offset
 
 
 class _CallableModule(types.ModuleType):
-    """A submodule that is also the public function of the same name: ``rmqstore.verify``
-    is the module :mod:`rmqstore.verify` (so ``import rmqstore.verify as v`` and
-    ``from rmqstore.verify import ...`` work as ever) and calling it runs
-    ``rmqstore.verify.verify``."""
+    """A module that is also the public function of the same name: ``rmqstore.verify`` is
+    the module :mod:`rmqstore.recovery.verify` (so ``import rmqstore.verify as v`` and
+    ``from rmqstore.verify import ...`` work as documented) and calling it runs
+    ``rmqstore.recovery.verify.verify``; ``rmqstore.rebuild`` likewise."""
 
     def __call__(self, *args, **kwargs):
         return getattr(self, self.__name__.rsplit(".", 1)[1])(*args, **kwargs)

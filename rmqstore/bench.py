@@ -8,16 +8,16 @@ message (QUEUEOFFSET, PHYSICALOFFSET, the timestamps and the digits of the KEYS 
 Records are therefore all one size, which makes the segment layout arithmetic (how many
 fit before the BLANK, spec §4) a division. ConsumeQueues and IndexFiles are built with the
 bulk writers, in CommitLog order, so they hold the bytes dispatch would write (a test
-compares them with :meth:`rmqstore.dispatch.Dispatcher.dispatch_log`).
+compares them with :meth:`rmqstore.engine.dispatch.Dispatcher.dispatch_log`).
 
 Timed calls, and where they come from when the owning module offers a bench hook:
 
 ==============  =============================================================
-append          :func:`rmqstore.append.bench_append` (put to clean close)
+append          :func:`rmqstore.engine.append.bench_append` (put to clean close)
 scan            ``rmqstore.stats.commitlog_stats`` (``segment_partials`` before it)
-verify          ``rmqstore.verify.bench_verify`` when present, else skipped
-rebuild         ``rmqstore.rebuild.bench_rebuild`` when present, else
-                :func:`rmqstore.rebuild.rebuild`, else (older trees)
+verify          ``rmqstore.recovery.verify.bench_verify`` when present, else skipped
+rebuild         ``rmqstore.recovery.rebuild.bench_rebuild`` when present, else
+                :func:`rmqstore.recovery.rebuild.rebuild`, else (older trees)
                 :meth:`Dispatcher.dispatch_log` into empty ConsumeQueue/index
 query-key       :meth:`rmqstore.reader.StoreReader.query_key` in a loop
 spark-export    :func:`rmqstore.pipeline.jobs.export` on a warm local session
@@ -246,11 +246,11 @@ def make_store(root: str | os.PathLike, size_bytes: int, *, body_size: int = 100
                queues_and_index: bool = True) -> GeneratedStore:
     """A whole clean store: CommitLog, ConsumeQueues, IndexFiles (RocketMQ's default
     geometry) and a checkpoint, as dispatch would leave them."""
-    from . import checkpoint as ckpt
-    from .config import StoreConfig
-    from .consumequeue import build_consume_queue
-    from .index import IndexGeometry, build_index
-    from .names import queue_dir
+    from .files import checkpoint as ckpt
+    from .files.config import StoreConfig
+    from .files.consumequeue import build_consume_queue
+    from .files.index import IndexGeometry, build_index
+    from .files.names import queue_dir
 
     g = write_commitlog(root, size_bytes, body_size=body_size, topics=topics, queues=queues,
                         segment_size=segment_size)
@@ -329,7 +329,7 @@ def _segment_size(opts: BenchOptions) -> int:
 
 
 def bench_append(opts: BenchOptions) -> BenchResult:
-    from .append import bench_append as run, bench_messages
+    from .engine.append import bench_append as run, bench_messages
 
     modes = {"single": {}, "batch": {"batch": 1000}, "columns": {"batch": 1000, "columns": True},
              "sync": {"flush_disk_type": "SYNC_FLUSH", "threads": 4}}
@@ -365,7 +365,7 @@ def bench_scan(opts: BenchOptions) -> BenchResult:
                 queues, _end = stats.commitlog_stats(str(d))
                 secs = time.perf_counter() - t0
                 return sum(q.count for q in queues), sum(q.bytes for q in queues), secs
-            from .segments import SegmentQueue
+            from .files.segments import SegmentQueue
 
             with SegmentQueue([d / "commitlog"], _segment_size(opts)) as q:
                 t0 = time.perf_counter()
@@ -377,9 +377,9 @@ def bench_scan(opts: BenchOptions) -> BenchResult:
 
 
 def bench_verify(opts: BenchOptions) -> BenchResult:
-    hook = _hook("rmqstore.verify", "bench_verify")
+    hook = _hook("rmqstore.recovery.verify", "bench_verify")
     if hook is None:
-        return BenchResult("verify", skipped="rmqstore.verify has no bench_verify yet")
+        return BenchResult("verify", skipped="rmqstore.recovery.verify has no bench_verify yet")
     with _Workdir(opts, "verify") as d:
         g = make_store(d, opts.size_bytes, body_size=opts.body_size, topics=opts.topics,
                        queues=opts.queues, segment_size=_segment_size(opts))
@@ -400,8 +400,8 @@ def _triple(r, g: GeneratedStore) -> tuple[int, int, float]:
 
 
 def bench_rebuild(opts: BenchOptions) -> BenchResult:
-    hook = _hook("rmqstore.rebuild", "bench_rebuild")
-    library = _hook("rmqstore.rebuild", "rebuild")
+    hook = _hook("rmqstore.recovery.rebuild", "bench_rebuild")
+    library = _hook("rmqstore.recovery.rebuild", "rebuild")
     with _Workdir(opts, "rebuild") as d:
         g = make_store(d / "store", opts.size_bytes, body_size=opts.body_size, topics=opts.topics,
                        queues=opts.queues, segment_size=_segment_size(opts), queues_and_index=False)
@@ -421,10 +421,10 @@ def bench_rebuild(opts: BenchOptions) -> BenchResult:
 def _dispatch_log(g: GeneratedStore, scratch: Path, segment_size: int) -> tuple[int, int, float]:
     """Re-dispatch the whole CommitLog into empty ConsumeQueues and IndexFiles: what a
     rebuild does, timed through the engine's own reput path."""
-    from .commitlog import CommitLog
-    from .config import StoreConfig
-    from .dispatch import Dispatcher
-    from .index import IndexGeometry, IndexService
+    from .files.commitlog import CommitLog
+    from .files.config import StoreConfig
+    from .engine.dispatch import Dispatcher
+    from .files.index import IndexGeometry, IndexService
 
     scratch.mkdir(parents=True)
     (scratch / "commitlog").symlink_to((g.root / "commitlog").resolve())

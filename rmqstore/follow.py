@@ -23,10 +23,10 @@ from typing import Callable, Iterator
 
 from .format.message import Message
 from .format.record import decode_record
-from .commitlog import Check, check_record
-from .segments import segment_name
+from .files.commitlog import Check, check_record
+from .files.segments import segment_name
 from .selection import MessageFilter, MessageScan, ScanStop
-from .scan import scan_buffer
+from .scan.records import scan_buffer
 
 
 class _Segment:

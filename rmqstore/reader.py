@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Iterator
 
 from .format.message import Message, decode_offset_msg_id
-from .commitlog import CommitLog
-from .config import SEGMENT_NAME, StoreConfig, load_config
+from .files.commitlog import CommitLog
+from .files.config import SEGMENT_NAME, StoreConfig, load_config
 from .errors import (ConfigError, InputError, NotAStoreError, OffsetError, RmqStoreError,
                      UnsupportedStoreError)
 from .selection import MessageFilter, MessageScan, release_pages  # noqa: F401 (re-exported)
@@ -44,7 +44,7 @@ class PathKind:
 def _inside_dledger(p: Path) -> Path | None:
     """The ``dledger-*`` directory ``p`` is or lies in (up to two levels down): DLedger's
     data, index and checkpoint files."""
-    from .storekind import DLEDGER_DIR, dledger_dirs
+    from .files.storekind import DLEDGER_DIR, dledger_dirs
 
     for d in (p, p.parent, p.parent.parent):
         if DLEDGER_DIR.match(d.name) and d.parent != d and d in dledger_dirs(d.parent):
@@ -57,7 +57,7 @@ def classify(path: str | os.PathLike) -> PathKind:
 
     A path inside a DLedger CommitLog (``dledger-*/``) raises
     :class:`~rmqstore.errors.UnsupportedStoreError`: its files are not CommitLog segments."""
-    from .storekind import dledger_dirs
+    from .files.storekind import dledger_dirs
 
     p = Path(path)
     if not p.exists():
@@ -125,12 +125,12 @@ class StoreReader:
 
     def queues(self):
         """Every ``consumequeue/{topic}/{queueId}`` of the store (with odd entries reported)."""
-        from .consumequeue import list_queues
+        from .files.consumequeue import list_queues
 
         return list_queues(self.root)
 
     def consume_queue(self, topic: str, queue_id: int):
-        from .consumequeue import open_consume_queue
+        from .files.consumequeue import open_consume_queue
 
         return open_consume_queue(self.root, topic, queue_id, self.config.cq_file_size)
 
@@ -139,7 +139,7 @@ class StoreReader:
         ``max_msgs_num_batch`` hits (default: the store's maxMsgsNumBatch, as the broker).
         A :class:`ConfigError` when the files do not determine the geometry and no
         broker.conf gave it."""
-        from .index import IndexGeometry, IndexReader
+        from .files.index import IndexGeometry, IndexReader
 
         why = self.config.undetermined.get("max_hash_slot_num")
         if why:
@@ -283,7 +283,7 @@ def open_segment_file(path: str | os.PathLike, conf=None, **overrides) -> StoreR
                           "truth: fix or drop the setting", conf or p)
     cfg = load_config(None, conf, {**overrides, "mapped_file_size_commit_log": size or 1,
                                    "store_path_root_dir": str(p.parent)}, infer=False)
-    from .segments import SegmentQueue
+    from .files.segments import SegmentQueue
 
     q = SegmentQueue([p.parent], cfg.mapped_file_size_commit_log, kind="commitlog")
     q.segments = [s for s in q.segments if s.path.name == p.name]

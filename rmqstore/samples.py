@@ -21,10 +21,10 @@ from datetime import timezone
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import checkpoint as ckpt
+from .files import checkpoint as ckpt
 from .format.message import Host, Message
-from .config import StoreConfig
-from .store import MessageStore
+from .files.config import StoreConfig
+from .engine.store import MessageStore
 
 COMMITLOG_SEGMENT = 64 * 1024
 CQ_FILE = 64 * 20

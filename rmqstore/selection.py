@@ -22,7 +22,7 @@ import numpy as np
 
 from .format.message import Message, parse_properties, split_keys
 from .errors import InputError
-from .scan import scan_windows
+from .scan.records import scan_windows
 from .times import parse_time
 
 #: Why a walk stopped, when that means the data ends in damage (spec §10.1, §10.5).

@@ -1,7 +1,7 @@
 """Store statistics: per topic/queue counts, bytes, queue offsets and store times.
 
 One definition serves ``rmqstore stats`` and ``rmqstore spark stats``: each split of the
-CommitLog (see :mod:`rmqstore.splits`) is aggregated with :func:`queue_stats`, partials are
+CommitLog (see :mod:`rmqstore.scan.splits`) is aggregated with :func:`queue_stats`, partials are
 combined with :func:`merge_stats`. Locally the splits run in a process pool, so even a
 single 1 GiB segment is scanned by every core.
 """
@@ -17,8 +17,8 @@ import numpy as np
 
 from .format import layout as L
 from .errors import RmqStoreError
-from .scan import RecordColumns
-from .listing import open_regular
+from .scan.records import RecordColumns
+from .files.listing import open_regular
 
 #: Below this much CommitLog data a process pool costs more than it saves.
 PARALLEL_MIN_BYTES = 96 * 1024 * 1024
@@ -106,7 +106,7 @@ def merge_stats(parts: Iterable[Iterable[QueueStats]]) -> list[QueueStats]:
 
 
 def _stats_task(split):
-    from .splits import open_split
+    from .scan.splits import open_split
 
     with open_split(split) as sc:
         return sc.boundary, queue_stats(sc.records)
@@ -118,7 +118,7 @@ def commitlog_stats(store: str, *, split_size: int | None = None, processes: int
     splits and merge the Spark job uses. ``processes`` defaults to every core for stores
     large enough to gain from it. ``config`` (a StoreConfig) is used as it is, else one
     is loaded from ``conf`` and the files."""
-    from .splits import DEFAULT_SPLIT_SIZE, list_store, plan_splits, run_local
+    from .scan.splits import DEFAULT_SPLIT_SIZE, list_store, plan_splits, run_local
 
     files = list_store(store, conf=conf, config=config)
     splits = plan_splits([files], split_size or DEFAULT_SPLIT_SIZE)
@@ -132,7 +132,7 @@ def commitlog_stats(store: str, *, split_size: int | None = None, processes: int
 def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
     """Everything ``rmqstore stats`` reports for a :class:`~rmqstore.reader.StoreReader`,
     from the reader's configuration (``conf`` is not read again: the reader's has it)."""
-    from .checkpoint import abort_exists, read_checkpoint
+    from .files.checkpoint import abort_exists, read_checkpoint
 
     cl = reader.commitlog
     root = str(reader.root)
@@ -188,7 +188,7 @@ def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
 def _index_headers(index_dir):
     """(name, header) of each IndexFile, from its first 40 bytes (spec §7.1)."""
     from .format import layout as L
-    from .index import IndexHeader, _list_index_files
+    from .files.index import IndexHeader, _list_index_files
 
     out = []
     for p in _list_index_files(index_dir):

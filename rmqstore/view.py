@@ -203,7 +203,7 @@ def message_dict(msg: Message, body: str = "base64", *, charset: str = "utf-8", 
 
 def message_dicts(cols, body: str = "base64", indices=None, *, charset: str = "utf-8",
                   tz=None, sink=None):
-    """Message JSON objects for records of a :class:`~rmqstore.scan.RecordColumns`, the
+    """Message JSON objects for records of a :class:`~rmqstore.scan.records.RecordColumns`, the
     same as :func:`message_dict` of each decoded record but built from the gathered
     columns: per record only the properties and body are decoded; topics, hosts and
     offsetMsgId prefixes come from small caches; body CRCs are checked vectorised."""

@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from rmqstore import journal as J
+from rmqstore.recovery import journal as J
 
 #: The calls through which repair, restore and the file writers change files.
 MUTATING = ("pwrite", "write", "ftruncate", "truncate", "rename", "replace", "unlink",
@@ -92,7 +92,7 @@ def snapshot(root: Path) -> dict[str, str]:
 
 if __name__ == "__main__":
     # crashpoints.py STORE BACKUP at|after_record N: repair, SIGKILLed at that point.
-    from rmqstore.recovery import repair
+    from rmqstore.recovery.repair import repair
 
     store, backup, kind, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     with Dies(kill=True, **{kind: n}):

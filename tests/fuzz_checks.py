@@ -220,7 +220,7 @@ def features() -> dict:
     if _FEATURES is not None:
         return _FEATURES
     f: dict = {"restore_lib": None, "restore_cli": None}
-    for name in ("rmqstore.undo", "rmqstore.restore", "rmqstore.journal", "rmqstore.recovery"):
+    for name in ("rmqstore.recovery.undo", "rmqstore.restore", "rmqstore.recovery.journal", "rmqstore.recovery.repair"):
         try:
             mod = importlib.import_module(name)
         except ImportError:
@@ -459,10 +459,10 @@ def _store_entries(c: FS.Case) -> list[Path]:
 
 
 def library_reads(c: FS.Case, res: CaseResult, run: Runner, rng) -> dict:
-    from rmqstore.config import load_config
+    from rmqstore.files.config import load_config
     from rmqstore.reader import classify, open_segment_file, open_store
     from rmqstore.stats import store_stats
-    from rmqstore.verify import verify
+    from rmqstore.recovery.verify import verify
 
     S, conf = c.store, c.conf
     picks = _samples(c, rng)
@@ -531,10 +531,10 @@ def library_reads(c: FS.Case, res: CaseResult, run: Runner, rng) -> dict:
 
 def _dump_path(p: Path, conf, classify, open_store, open_segment_file):
     """What ``rmqstore dump PATH`` reads, for each kind of path."""
-    from rmqstore.checkpoint import read_checkpoint
-    from rmqstore.config import load_config
-    from rmqstore.consumequeue import ConsumeQueue
-    from rmqstore.index import IndexFile, infer_index_geometry
+    from rmqstore.files.checkpoint import read_checkpoint
+    from rmqstore.files.config import load_config
+    from rmqstore.files.consumequeue import ConsumeQueue
+    from rmqstore.files.index import IndexFile, infer_index_geometry
 
     kind = classify(p)
     if kind.kind in ("store", "commitlog-segment"):
@@ -562,8 +562,8 @@ def _dump_path(p: Path, conf, classify, open_store, open_segment_file):
 
 def library_repair(c: FS.Case, res: CaseResult, run: Runner, verified_end: int, work: Path,
                    pristine: dict) -> None:
-    from rmqstore.config import load_config
-    from rmqstore.recovery import plan_repair, repair
+    from rmqstore.files.config import load_config
+    from rmqstore.recovery.repair import plan_repair, repair
 
     S, conf = c.store, c.conf
     st, cfg = run("load_config", lambda: load_config(S, conf) if conf else None)

@@ -364,8 +364,8 @@ def run_kill_case(c: FS.Case, res: CaseResult, work: Path, rng, per_case: int = 
     """SIGKILL ``repair --yes`` at operation boundaries and random times, then check that
     the next repair (the same command line) finishes the job, and that restore (where it
     exists) gives the original back."""
-    from rmqstore.config import load_config
-    from rmqstore.verify import verify
+    from rmqstore.files.config import load_config
+    from rmqstore.recovery.verify import verify
 
     if c.hold_lock:
         res.skipped = "lock held"

@@ -206,8 +206,8 @@ HOSTILE_TEXT = ["[/x]", "[bold red]hi[/]", "[link=file:///etc/passwd]x[/link]", 
 def make_generated(root: Path, count: int, seed: int, *, hostile_data: bool = False,
                    index: tuple[int, int] = (64, 256), version: str = "4.9") -> Path:
     from rmqstore.format.message import Message
-    from rmqstore.config import StoreConfig
-    from rmqstore.store import MessageStore
+    from rmqstore.files.config import StoreConfig
+    from rmqstore.engine.store import MessageStore
 
     rng = random.Random(seed)
     cfg = StoreConfig(**dict(CFG, max_hash_slot_num=index[0], max_index_num=index[1]),

@@ -6,11 +6,11 @@ from __future__ import annotations
 import random
 import threading
 
-from rmqstore.commitlog import Check, CommitLog
+from rmqstore.files.commitlog import Check, CommitLog
 from rmqstore.format.message import Message
-from rmqstore.config import StoreConfig
-from rmqstore.consumequeue import open_consume_queue
-from rmqstore.store import MessageStore
+from rmqstore.files.config import StoreConfig
+from rmqstore.files.consumequeue import open_consume_queue
+from rmqstore.engine.store import MessageStore
 
 THREADS, PER_THREAD = 4, 300
 QUEUES = [("A", 0), ("A", 1), ("B", 0)]

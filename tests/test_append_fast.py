@@ -10,13 +10,13 @@ import random
 import pytest
 
 from rmqstore.format import layout as L
-from rmqstore.append import CommitLogAppender
+from rmqstore.engine.append import CommitLogAppender
 from rmqstore.format.rules import SCHEDULE_TOPIC
 from rmqstore.format.message import Host, Message
 from rmqstore.format.hashing import index_hash, java_hash
-from rmqstore.config import StoreConfig
+from rmqstore.files.config import StoreConfig
 from rmqstore.format.hashing import prefix_hash, token_hash, token_hashes
-from rmqstore.store import MessageStore
+from rmqstore.engine.store import MessageStore
 
 V4, V6 = Host.parse("10.0.0.1:1234"), Host.parse("[2001:db8::1]:10911")
 
@@ -137,7 +137,7 @@ def test_big_batches_written_with_pwrite_equal_single_puts(tmp_path, columns):
     through the mapping); its bytes equal the same messages put one at a time."""
     import numpy as np
 
-    from rmqstore import append as A
+    from rmqstore.engine import append as A
 
     cfg = StoreConfig(mapped_file_size_commit_log=1 << 20)
     topic = "BigBatch"

@@ -33,9 +33,9 @@ import pytest
 from conftest import NO_FIXTURES, ROCKETMQ_498, manifest, scenario_params
 from rmqstore.format import layout as L
 from rmqstore.format.message import Host, Message, parse_properties, serialize_properties
-from rmqstore.config import StoreConfig
-from rmqstore.dispatch import Dispatcher
-from rmqstore.store import MessageStore
+from rmqstore.files.config import StoreConfig
+from rmqstore.engine.dispatch import Dispatcher
+from rmqstore.engine.store import MessageStore
 
 BYTE_SCENARIOS = ["basic", "unicode", "ipv6", "special", "sync-flush", "async-transient", "crash"]
 

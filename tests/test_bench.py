@@ -51,10 +51,10 @@ def test_generated_queues_and_index_equal_dispatch(tmp_path):
     ref = tmp_path / "ref"
     ref.mkdir()
     (ref / "commitlog").symlink_to(g.root / "commitlog")
-    from rmqstore.commitlog import CommitLog
-    from rmqstore.config import StoreConfig
-    from rmqstore.dispatch import Dispatcher
-    from rmqstore.index import IndexGeometry, IndexService
+    from rmqstore.files.commitlog import CommitLog
+    from rmqstore.files.config import StoreConfig
+    from rmqstore.engine.dispatch import Dispatcher
+    from rmqstore.files.index import IndexGeometry, IndexService
 
     cfg = StoreConfig(store_path_root_dir=str(ref), mapped_file_size_commit_log=seg)
     idx = IndexService(cfg.index_dir, IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num),
@@ -85,7 +85,7 @@ def test_every_benchmark_runs_tiny_with_json_keys(tmp_path):
     assert sorted(names + sorted(skipped)) == sorted(B.BENCHMARKS), (names, skipped)
     # Only benchmarks whose engine part has not landed may be skipped, and Spark only
     # without pyspark/Java.
-    allowed = {"verify"} if B._hook("rmqstore.verify", "bench_verify") is None else set()
+    allowed = {"verify"} if B._hook("rmqstore.recovery.verify", "bench_verify") is None else set()
     if B.spark_available():
         allowed.add("spark-export")
     assert skipped <= allowed, out.stderr
@@ -125,7 +125,7 @@ def test_median_picks_the_middle_run():
 
 
 def test_generated_store_verifies_clean(tmp_path):
-    from rmqstore.verify import verify
+    from rmqstore.recovery.verify import verify
 
     B.make_store(tmp_path, 2_000_000, topics=3, queues=4, segment_size=512 * 1024)
     report = verify(tmp_path)

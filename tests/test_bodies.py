@@ -17,7 +17,7 @@ import pytest
 from conftest import FIXTURES, ROCKETMQ_498, manifest, scenario_params
 from rmqstore import view as bodies
 from rmqstore.format import compression
-from rmqstore.broker import _body
+from rmqstore.engine.broker import _body
 from rmqstore.format.message import Message
 from rmqstore.reader import open_store
 from rmqstore.uniqkey import uniq_key_info

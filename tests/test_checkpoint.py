@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, manifest, scenario_params, store_expectations, tree_hashes
-from rmqstore.checkpoint import (Checkpoint, StoreLock, abort_exists, create_abort, hold_lock,
+from rmqstore.files.checkpoint import (Checkpoint, StoreLock, abort_exists, create_abort, hold_lock,
                                  is_locked, read_checkpoint, remove_abort, write_checkpoint)
 from rmqstore.errors import RecordError, StoreLockedError
 
@@ -81,7 +81,7 @@ def test_abort_create_and_remove(tmp_path):
 _HOLDER = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[2])
-    from rmqstore.checkpoint import StoreLock
+    from rmqstore.files.checkpoint import StoreLock
     with StoreLock(sys.argv[1]):
         print("held", flush=True)
         sys.stdin.readline()
@@ -90,7 +90,7 @@ _HOLDER = textwrap.dedent("""
 _PROBE = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[2])
-    from rmqstore.checkpoint import is_locked
+    from rmqstore.files.checkpoint import is_locked
     print(is_locked(sys.argv[1]))
 """)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import time
 
-from rmqstore.checkpoint import read_checkpoint
+from rmqstore.files.checkpoint import read_checkpoint
 from rmqstore.format.message import Message
-from rmqstore.config import StoreConfig
-from rmqstore.index import IndexFile, IndexGeometry, _list_index_files
-from rmqstore.store import MessageStore
+from rmqstore.files.config import StoreConfig
+from rmqstore.files.index import IndexFile, IndexGeometry, _list_index_files
+from rmqstore.engine.store import MessageStore
 
 
 def _wait_for(cond, seconds: float = 10.0) -> bool:

@@ -16,8 +16,8 @@ import pytest
 
 from conftest import ROCKETMQ_498, manifest, scenario_params
 from rmqstore.format.message import Host, Message
-from rmqstore.config import StoreConfig
-from rmqstore.store import MessageStore
+from rmqstore.files.config import StoreConfig
+from rmqstore.engine.store import MessageStore
 
 
 def _cli(*args, env=None, timeout=120):

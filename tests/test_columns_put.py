@@ -17,10 +17,10 @@ from rmqstore.format import layout as L
 from rmqstore.format.rules import SCHEDULE_TOPIC
 from rmqstore.format.message import Host
 from rmqstore.format.hashing import index_hash
-from rmqstore.columns_put import MessageBatch, _token_hashes, put_index_hashes
-from rmqstore.config import StoreConfig
-from rmqstore.index import IndexGeometry, IndexService
-from rmqstore.store import MessageStore
+from rmqstore.engine.batch import MessageBatch, _token_hashes, put_index_hashes
+from rmqstore.files.config import StoreConfig
+from rmqstore.files.index import IndexGeometry, IndexService
+from rmqstore.engine.store import MessageStore
 
 V4, V6 = Host.parse("10.0.0.1:1234"), Host.parse("[2001:db8::1]:10911")
 CLOCK = 1700000000000

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import manifest, scenario_params, store_expectations, tree_hashes
-from rmqstore.consumequeue import (ConsumeQueue, ConsumeQueueWriter, build_consume_queue,
+from rmqstore.files.consumequeue import (ConsumeQueue, ConsumeQueueWriter, build_consume_queue,
                                    effective_file_size, list_queues, open_consume_queue)
 from rmqstore.errors import OffsetError, SegmentError
 

@@ -3,9 +3,9 @@ import random
 
 from rmqstore.format.message import Message
 from rmqstore.format.hashing import index_hash
-from rmqstore.config import StoreConfig
+from rmqstore.files.config import StoreConfig
 from rmqstore.format.hashing import prefix_hash, token_hash
-from rmqstore.store import MessageStore
+from rmqstore.engine.store import MessageStore
 
 
 def test_ascii_token_hash_equals_java():

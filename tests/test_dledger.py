@@ -18,13 +18,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import FIXTURES, tree_hashes
-from rmqstore import dledger as D
-from rmqstore import dledger_layout as DL
+from rmqstore.files import dledger as D
+from rmqstore.format import dledger_layout as DL
 from rmqstore.format import layout as L
 from rmqstore.format.message import offset_msg_id
-from rmqstore.consumequeue import ConsumeQueue, list_queues
+from rmqstore.files.consumequeue import ConsumeQueue, list_queues
 from rmqstore.errors import ConfigError, NotAStoreError, OffsetError, RecordError, RmqStoreError
-from rmqstore.scan import columns, consistent
+from rmqstore.scan.records import columns, consistent
 
 FOLDERS = {
     "4.9.8/basic": FIXTURES / "rocketmq-4.9.8-dledger" / "basic",

@@ -19,15 +19,15 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import tree_hashes
-from rmqstore.checkpoint import Checkpoint, write_checkpoint
+from rmqstore.files.checkpoint import Checkpoint, write_checkpoint
 from rmqstore.format.message import Message
-from rmqstore.config import StoreConfig
-from rmqstore.consumequeue import list_queues
+from rmqstore.files.config import StoreConfig
+from rmqstore.files.consumequeue import list_queues
 from rmqstore.errors import RefusedError
 from rmqstore.reader import open_store
-from rmqstore.recovery import plan_repair, repair
-from rmqstore.store import MessageStore
-from rmqstore.verify import verify
+from rmqstore.recovery.repair import plan_repair, repair
+from rmqstore.engine.store import MessageStore
+from rmqstore.recovery.verify import verify
 
 CFG = dict(mapped_file_size_commit_log=65536, mapped_file_size_consume_queue=1280,
            max_hash_slot_num=64, max_index_num=256)
@@ -174,7 +174,7 @@ FAULTS = [torn_last, zeroed_tail, garbage_tail, bit_flip_in_body, truncated_segm
           stray_files]
 
 #: Faults that leave CRC-valid records after the end of valid data: repair refuses to drop
-#: them without ``allow_data_loss`` (rmqstore.guard).
+#: them without ``allow_data_loss`` (rmqstore.recovery.guard).
 NEEDS_OVERRIDE = {missing_middle_segment}
 
 runner = CliRunner()

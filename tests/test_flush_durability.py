@@ -12,16 +12,16 @@ import sys
 import textwrap
 import time
 
-from rmqstore.commitlog import CommitLog
-from rmqstore.config import StoreConfig
-from rmqstore.consumequeue import open_consume_queue
-from rmqstore.store import MessageStore
+from rmqstore.files.commitlog import CommitLog
+from rmqstore.files.config import StoreConfig
+from rmqstore.files.consumequeue import open_consume_queue
+from rmqstore.engine.store import MessageStore
 
 CHILD = textwrap.dedent("""
     import sys
     from rmqstore.format.message import Message
-    from rmqstore.config import StoreConfig
-    from rmqstore.store import MessageStore
+    from rmqstore.files.config import StoreConfig
+    from rmqstore.engine.store import MessageStore
     root, run = sys.argv[1], int(sys.argv[2])
     cfg = StoreConfig(mapped_file_size_commit_log=65536, mapped_file_size_consume_queue=1280,
                       max_hash_slot_num=64, max_index_num=256, flush_disk_type="SYNC_FLUSH")

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from rmqstore.format.message import Message
-from rmqstore.config import StoreConfig
+from rmqstore.files.config import StoreConfig
 from rmqstore.reader import open_store
-from rmqstore.store import MessageStore
+from rmqstore.engine.store import MessageStore
 
 GEOMETRY = dict(mapped_file_size_commit_log=65536, mapped_file_size_consume_queue=1280,
                 max_hash_slot_num=64, max_index_num=256)
@@ -25,8 +25,8 @@ WRITER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {repo!r})
     from rmqstore.format.message import Message
-    from rmqstore.config import StoreConfig
-    from rmqstore.store import MessageStore
+    from rmqstore.files.config import StoreConfig
+    from rmqstore.engine.store import MessageStore
     root, first, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     with MessageStore.open(root, StoreConfig(**{geometry!r})) as s:
         print("locked", flush=True)

@@ -1,7 +1,7 @@
 """The CLI's last resort (cli/guard.py): a command killed by SIGBUS is one line and exit
 2, naming the file it had mapped; everything else (exit codes, stdin, stdout, signals
 from other processes, Ctrl-C's "interrupted") is as without the fork. And worker
-processes that die are typed errors (rmqstore/parallel.py)."""
+processes that die are typed errors (rmqstore/scan/parallel.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore import notes
+from rmqstore.files import notes
 from rmqstore.errors import WorkerDiedError
-from rmqstore.parallel import Child, pool_map
+from rmqstore.scan.parallel import Child, pool_map
 
 REPO = Path(__file__).resolve().parents[1]
 RMQSTORE = str(Path(sys.executable).parent / "rmqstore")
@@ -27,7 +27,7 @@ BUS_ERROR = """
 import os, sys
 from cli.guard import supervise
 supervise()
-from rmqstore import checkpoint, mapped
+from rmqstore.files import checkpoint, mapped
 path = sys.argv[1]
 with open(path, "wb") as f:
     f.write(b"x" * 65536)
@@ -123,7 +123,7 @@ def test_kill_9_of_the_command_stops_the_child_too(tmp_path):
     kept the lock and took more messages)."""
     import time
 
-    from rmqstore.checkpoint import is_locked
+    from rmqstore.files.checkpoint import is_locked
 
     store = tmp_path / "s"
     p = subprocess.Popen([RMQSTORE, "append", str(store), "--create", "--jsonl", "-"],

@@ -21,15 +21,15 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from rmqstore.append import PutStatus
-from rmqstore.checkpoint import abort_exists
+from rmqstore.engine.append import PutStatus
+from rmqstore.files.checkpoint import abort_exists
 from rmqstore.format.message import Message
-from rmqstore.config import StoreConfig
+from rmqstore.files.config import StoreConfig
 from rmqstore.errors import RefusedError, UnsafePathError
-from rmqstore.recovery import plan_repair, repair
-from rmqstore.rebuild import rebuild
-from rmqstore.store import MessageStore
-from rmqstore.verify import verify
+from rmqstore.recovery.repair import plan_repair, repair
+from rmqstore.recovery.rebuild import rebuild
+from rmqstore.engine.store import MessageStore
+from rmqstore.recovery.verify import verify
 from test_faults import CFG, SEG, make_store, records
 
 runner = CliRunner()

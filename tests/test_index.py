@@ -15,7 +15,7 @@ from conftest import MESSAGE_SCENARIOS, SCENARIOS, scenario_params, store_expect
 from rmqstore.format.hashing import index_hash_many
 from rmqstore.format.message import split_keys
 from rmqstore.errors import ConfigError
-from rmqstore.index import (IndexFile, IndexGeometry, IndexReader, IndexService, build_index,
+from rmqstore.files.index import (IndexFile, IndexGeometry, IndexReader, IndexService, build_index,
                             index_file_name, infer_index_geometry)
 
 FIXTURE_GEOMETRY = IndexGeometry(64, 256)

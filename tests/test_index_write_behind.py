@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rmqstore.format.message import Message
-from rmqstore.config import StoreConfig
-from rmqstore.dispatch import DEFER_BYTES, DEFER_MAX
+from rmqstore.files.config import StoreConfig
+from rmqstore.engine.dispatch import DEFER_BYTES, DEFER_MAX
 from rmqstore.reader import open_store
-from rmqstore.store import MessageStore
+from rmqstore.engine.store import MessageStore
 
 SMALL = dict(mapped_file_size_commit_log=1 << 22, max_hash_slot_num=64, max_index_num=300)
 
@@ -107,8 +107,8 @@ def test_waiting_keys_reach_the_files_within_a_flush_interval(tmp_path):
 CHILD = textwrap.dedent("""
     import sys
     from rmqstore.format.message import Message
-    from rmqstore.config import StoreConfig
-    from rmqstore.store import MessageStore
+    from rmqstore.files.config import StoreConfig
+    from rmqstore.engine.store import MessageStore
     root, keyed, plain, body = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     # No flush tick before the kill: keys still wait when it comes.
     st = MessageStore.open(root, StoreConfig(flush_interval_commit_log=600_000), create=True)
@@ -160,9 +160,9 @@ def test_a_long_keyless_tail_bounds_the_wait(tmp_path):
 DIE_IN_DRAIN = textwrap.dedent("""
     import os, sys
     from rmqstore.format.message import Message
-    from rmqstore.config import StoreConfig
-    from rmqstore.dispatch import Dispatcher
-    from rmqstore.store import MessageStore
+    from rmqstore.files.config import StoreConfig
+    from rmqstore.engine.dispatch import Dispatcher
+    from rmqstore.engine.store import MessageStore
     root = sys.argv[1]
     st = MessageStore.open(root, StoreConfig(flush_interval_commit_log=600_000), create=True)
     st.put(Message(topic="C", body=b"b" * 100))  # no keys: it opens the write-behind window

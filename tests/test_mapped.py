@@ -1,4 +1,4 @@
-"""rmqstore.mapped and its users: hole-safe read maps, allocation before mapped writes,
+"""rmqstore.files.mapped and its users: hole-safe read maps, allocation before mapped writes,
 and ENOSPC (injected here into ``posix_fallocate``) as a typed error raised before a
 byte changes. The same on a real full tmpfs: tests/test_full_disk.py."""
 
@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 
 from conftest import tree_hashes
-from rmqstore import mapped
+from rmqstore.files import mapped
 from rmqstore.format.message import Message
-from rmqstore.config import StoreConfig
-from rmqstore.consumequeue import ConsumeQueue, ConsumeQueueWriter
+from rmqstore.files.config import StoreConfig
+from rmqstore.files.consumequeue import ConsumeQueue, ConsumeQueueWriter
 from rmqstore.errors import StoreIOError
-from rmqstore.index import IndexFile, IndexGeometry, IndexService
+from rmqstore.files.index import IndexFile, IndexGeometry, IndexService
 from rmqstore.reader import open_store
-from rmqstore.store import MessageStore
-from rmqstore.verify import ERROR, verify
+from rmqstore.engine.store import MessageStore
+from rmqstore.recovery.verify import ERROR, verify
 
 MIB = 1 << 20
 CFG = dict(mapped_file_size_commit_log=256 * 1024, mapped_file_size_consume_queue=6000,

@@ -28,8 +28,8 @@ import pytest
 
 from conftest import REPO
 from rmqstore.format.message import Message
-from rmqstore.config import StoreConfig
-from rmqstore.store import MessageStore
+from rmqstore.files.config import StoreConfig
+from rmqstore.engine.store import MessageStore
 
 RMQSTORE = str(Path(sys.executable).parent / "rmqstore")
 SAMPLE = REPO / "samples" / "multi-segment"

@@ -38,8 +38,8 @@ CLEAN = ["basic", "unicode", "ipv6", "special", "sync-flush", "async-transient",
 def _reference_rows(root: str) -> list[dict]:
     """What `rmqstore dump --format jsonl` prints, record by record (view.message_dict over
     the sequential CommitLog walk), with bodies as bytes."""
-    from rmqstore.commitlog import CommitLog
-    from rmqstore.config import load_config
+    from rmqstore.files.commitlog import CommitLog
+    from rmqstore.files.config import load_config
     from rmqstore.view import message_dict
 
     out = []

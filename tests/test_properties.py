@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rmqstore.config import load_broker_conf, parse_properties_file
+from rmqstore.files.config import load_broker_conf, parse_properties_file
 from rmqstore.errors import ConfigError
 
 

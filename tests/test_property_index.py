@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rmqstore import spans as R
+from rmqstore.scan import properties as R
 from rmqstore.format.message import parse_properties
 
 NAMES = ["TAGS", "KEYS", "UNIQ_KEY", "DELAY", "K", "TA", "TAGSX", "AGS"]
@@ -98,7 +98,7 @@ def test_span_hash_is_java_hash(texts, one_length):
 def test_topic_span_hash_tells_spans_apart(spans):
     """scan's 64-bit span hash (used to tell topics apart) is equal exactly for equal
     spans here, including spans that end at the very end of the buffer."""
-    from rmqstore.scan import _span_hash
+    from rmqstore.scan.records import _span_hash
 
     buf = b"".join(b"\xff" + s for s in spans)
     pos, at = [], 0

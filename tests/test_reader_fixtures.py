@@ -10,10 +10,10 @@ import pytest
 from conftest import MESSAGE_SCENARIOS, ROCKETMQ_498, SEGMENT_4X, NO_FIXTURES, manifest, scenario_params
 from rmqstore.format.record import encode_record
 from rmqstore.format.message import parse_properties
-from rmqstore.commitlog import Check, CommitLog
-from rmqstore.config import load_config
+from rmqstore.files.commitlog import Check, CommitLog
+from rmqstore.files.config import load_config
 from rmqstore.reader import classify, open_segment_file, open_store
-from rmqstore.scan import scan_buffer
+from rmqstore.scan.records import scan_buffer
 from rmqstore.view import message_dict
 
 

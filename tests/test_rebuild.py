@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from conftest import MESSAGE_SCENARIOS, ROCKETMQ_498, copy_store, scenario_params, store_expectations
-from rmqstore.config import load_config
-from rmqstore.rebuild import SCRATCH_PREFIX, rebuild
-from rmqstore.verify import verify
+from rmqstore.files.config import load_config
+from rmqstore.recovery.rebuild import SCRATCH_PREFIX, rebuild
+from rmqstore.recovery.verify import verify
 
 # Stores where RocketMQ dispatched each record exactly once (the recovered ones carry the
 # §14.7 duplicate entry, so they are compared through queries in test_repair instead).
@@ -72,7 +72,7 @@ def test_rebuild_from_offset_keeps_what_is_before(scenario, tmp_path):
 
 
 def test_rebuild_refuses_a_locked_store(fixtures_root, tmp_path):
-    from rmqstore.checkpoint import hold_lock
+    from rmqstore.files.checkpoint import hold_lock
     from rmqstore.errors import StoreLockedError
 
     store = copy_store(fixtures_root / "basic", tmp_path / "s")
@@ -83,7 +83,7 @@ def test_rebuild_refuses_a_locked_store(fixtures_root, tmp_path):
 
 @pytest.mark.parametrize("scenario", scenario_params(["basic"]))
 def test_index_built_in_a_child_is_the_same(scenario, tmp_path, monkeypatch):
-    import rmqstore.rebuild as rb
+    import rmqstore.recovery.rebuild as rb
 
     monkeypatch.setattr(rb, "PARALLEL_MIN_KEYS", 0)  # fork even for a small store
     monkeypatch.setattr(rb.Live, "__call__", _not_live)
@@ -100,7 +100,7 @@ def test_index_built_in_a_child_is_the_same(scenario, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("scenario", scenario_params(["basic"]))
 def test_child_failure_leaves_the_store_as_it_was(scenario, tmp_path, monkeypatch):
-    import rmqstore.rebuild as rb
+    import rmqstore.recovery.rebuild as rb
     from conftest import tree_hashes
 
     def broken(*a, **k):
@@ -126,7 +126,7 @@ def test_files_built_during_the_scan_are_kept_only_when_exact(tmp_path, monkeypa
     files as the bulk build."""
     import random
 
-    import rmqstore.rebuild as rb
+    import rmqstore.recovery.rebuild as rb
     import test_faults as faults
     from test_grouped import crc_torn_tail
 
@@ -162,7 +162,7 @@ def test_files_built_during_the_scan_are_kept_only_when_exact(tmp_path, monkeypa
 def test_many_queues_fall_back_to_the_bulk_build(limit, tmp_path, monkeypatch):
     """Past the live builder's queue limits (descriptors, per-range cost) the queues are
     written in bulk at the end; the files are the same either way."""
-    import rmqstore.live as live
+    import rmqstore.recovery.rebuild_writers as live
     import test_faults as faults
 
     base = faults.make_store(tmp_path / "base", seed=4)  # 12 queues
@@ -194,10 +194,10 @@ def test_parts_through_shared_memory_equal_parts_through_pipes(tmp_path, monkeyp
 
     import numpy as np
 
-    import rmqstore.parallel as par
-    import rmqstore.rebuild as rb
+    import rmqstore.scan.parallel as par
+    import rmqstore.recovery.rebuild as rb
     import test_faults as faults
-    from rmqstore.grouped import grouped_split
+    from rmqstore.scan.per_queue import grouped_split
 
     store = faults.make_store(tmp_path / "s", seed=6, count=900)
     cfg = load_config(store)
@@ -233,7 +233,7 @@ def _in_mmap(a) -> bool:
 def test_arena_keeps_what_does_not_fit_as_arrays():
     import numpy as np
 
-    from rmqstore.parallel import Arena, _Ref
+    from rmqstore.scan.parallel import Arena, _Ref
 
     with Arena(2, 4096) as a:
         d = {"small": np.arange(3), "fits": np.arange(400, dtype=np.int32),

@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, copy_store
-from rmqstore.append import clear_unfinished_append
-from rmqstore.checkpoint import read_checkpoint
+from rmqstore.engine.append import clear_unfinished_append
+from rmqstore.files.checkpoint import read_checkpoint
 from rmqstore.format.message import Message
-from rmqstore.config import StoreConfig, load_config
-from rmqstore.index import IndexFile, IndexGeometry, index_hash
+from rmqstore.files.config import StoreConfig, load_config
+from rmqstore.files.index import IndexFile, IndexGeometry, index_hash
 from rmqstore.reader import open_store
-from rmqstore.segments import SegmentQueue
-from rmqstore.store import MessageStore
-from rmqstore.verify import verify
+from rmqstore.files.segments import SegmentQueue
+from rmqstore.engine.store import MessageStore
+from rmqstore.recovery.verify import verify
 
 # (RocketMQ version, crashed store); its "-recovered" copy is what the broker made of it.
 CRASHED = [("4.9.8", "crash"), ("4.9.8", "crash-torn-tail"), ("5.3.3", "crash")]
@@ -173,8 +173,8 @@ def test_slot_heads_of_an_unfinished_index_put_are_rolled_back(tmp_path):
 CHILD = textwrap.dedent("""
     import json, random, sys
     from rmqstore.format.message import Message
-    from rmqstore.config import StoreConfig
-    from rmqstore.store import MessageStore
+    from rmqstore.files.config import StoreConfig
+    from rmqstore.engine.store import MessageStore
     root, seed, kw, idle_after = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
     rnd = random.Random(seed)
     keyfrac, maxbody, batch = rnd.choice([0.0, 0.3, 1.0]), rnd.choice([50, 500, 5000]), rnd.choice([1, 1, 8])

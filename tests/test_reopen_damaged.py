@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from rmqstore.format.message import Message
-from rmqstore.config import StoreConfig
+from rmqstore.files.config import StoreConfig
 from rmqstore.errors import RefusedError
-from rmqstore.store import MessageStore
-from rmqstore.verify import verify
+from rmqstore.engine.store import MessageStore
+from rmqstore.recovery.verify import verify
 from test_faults import CFG, SEG, make_store, records
 
 

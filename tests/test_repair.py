@@ -11,14 +11,14 @@ import sys
 import pytest
 
 from conftest import ROCKETMQ_498, copy_store, manifest, scenario_params, tree_hashes
-from rmqstore.checkpoint import abort_exists, hold_lock, read_checkpoint
-from rmqstore.config import load_config
-from rmqstore.consumequeue import ConsumeQueue
+from rmqstore.files.checkpoint import abort_exists, hold_lock, read_checkpoint
+from rmqstore.files.config import load_config
+from rmqstore.files.consumequeue import ConsumeQueue
 from rmqstore.errors import StoreLockedError
-from rmqstore.index import IndexGeometry, IndexReader
-from rmqstore.journal import read_backup
-from rmqstore.recovery import plan_repair, repair
-from rmqstore.verify import verify
+from rmqstore.files.index import IndexGeometry, IndexReader
+from rmqstore.recovery.journal import read_backup
+from rmqstore.recovery.repair import plan_repair, repair
+from rmqstore.recovery.verify import verify
 
 CRASHES = ["crash", "crash-torn", "crash-torn-tail"]
 

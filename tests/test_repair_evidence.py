@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from rmqstore.format.message import Message
-from rmqstore.config import StoreConfig
+from rmqstore.files.config import StoreConfig
 from rmqstore.errors import RefusedError
-from rmqstore.recovery import plan_repair, repair
-from rmqstore.store import MessageStore
-from rmqstore.undo import restore
-from rmqstore.verify import verify
+from rmqstore.recovery.repair import plan_repair, repair
+from rmqstore.engine.store import MessageStore
+from rmqstore.recovery.undo import restore
+from rmqstore.recovery.verify import verify
 from test_faults import CFG, SEG, make_store, records
 from test_hostile import snapshot
 

@@ -25,16 +25,16 @@ from typer.testing import CliRunner
 import test_faults as TF
 from conftest import REPO, ROCKETMQ_498, copy_store, scenario_params
 from crashpoints import CLOCK, Crash, Dies, snapshot
-from rmqstore import journal as J
-from rmqstore import undo as U
-from rmqstore.checkpoint import hold_lock
+from rmqstore.recovery import journal as J
+from rmqstore.recovery import undo as U
+from rmqstore.files.checkpoint import hold_lock
 from rmqstore.format.message import Message
-from rmqstore.config import StoreConfig
+from rmqstore.files.config import StoreConfig
 from rmqstore.errors import RefusedError, StoreLockedError
-from rmqstore.recovery import plan_repair, repair
-from rmqstore.sparse import copy_file, copy_tree
-from rmqstore.store import MessageStore
-from rmqstore.verify import verify
+from rmqstore.recovery.repair import plan_repair, repair
+from rmqstore.files.sparse import copy_file, copy_tree
+from rmqstore.engine.store import MessageStore
+from rmqstore.recovery.verify import verify
 
 runner = CliRunner()
 STRESS = os.environ.get("RMQSTORE_STRESS") == "1"
@@ -587,7 +587,7 @@ def test_stress_fixture_sweep(scenario, tmp_path, no_fsync):
 
 
 def test_other_writers_refuse_a_half_repaired_store(fixtures_root, tmp_path):
-    from rmqstore.rebuild import rebuild
+    from rmqstore.recovery.rebuild import rebuild
 
     store = copy_store(fixtures_root / "crash-torn", tmp_path / "s")
     with Dies(after_record=5), pytest.raises(Crash):
@@ -647,7 +647,7 @@ def test_a_backup_folder_left_before_the_marker_is_used_again(tmp_path, manifest
     """A repair killed while it created its journal (before the store's marker, so before
     any change) left the folder the operator named with --backup: the same command must
     work again (it refused: "already exists and is not empty")."""
-    from rmqstore.journal import JOURNAL, MANIFEST, abandoned_begin
+    from rmqstore.recovery.journal import JOURNAL, MANIFEST, abandoned_begin
 
     store, backup = tmp_path / "store", tmp_path / "backup"
     store.mkdir()

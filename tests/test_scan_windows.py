@@ -9,10 +9,10 @@ import os
 import pytest
 
 from conftest import MESSAGE_SCENARIOS, ROCKETMQ_498, SCENARIOS, manifest, scenario_params
-from rmqstore.commitlog import CommitLog
-from rmqstore.config import load_config
+from rmqstore.files.commitlog import CommitLog
+from rmqstore.files.config import load_config
 from rmqstore.reader import iter_selected, open_store
-from rmqstore.scan import scan_buffer, scan_windows
+from rmqstore.scan.records import scan_buffer, scan_windows
 
 
 def _windows(seg, window):
@@ -38,7 +38,7 @@ def test_windows_find_what_the_whole_scan_finds(scenario, window):
 
 @pytest.mark.parametrize("scenario", scenario_params(MESSAGE_SCENARIOS))
 def test_small_windows_give_every_stored_message(scenario, monkeypatch):
-    import rmqstore.scan as S
+    import rmqstore.scan.records as S
 
     monkeypatch.setattr(S, "WINDOW", 777)  # the reader's windows: many a segment
     stored = sorted(e["stored"]["phyOffset"] for e in manifest(scenario)["messages"])

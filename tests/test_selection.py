@@ -10,11 +10,11 @@ import pytest
 
 from conftest import ROCKETMQ_498, manifest, scenario_params
 from rmqstore.format.message import Host, Message, split_keys
-from rmqstore.config import StoreConfig
+from rmqstore.files.config import StoreConfig
 from rmqstore.errors import InputError
 from rmqstore.reader import open_segment_file, open_store
 from rmqstore.selection import MessageFilter
-from rmqstore.store import MessageStore
+from rmqstore.engine.store import MessageStore
 
 
 def _stored(scenario):

@@ -103,7 +103,7 @@ def test_tag_star_and_the_spark_writer(spark, tmp_path, everything):
 def test_splits_outside_the_range_are_not_read(spark, tmp_path):
     """Only splits that can hold a record starting in [lo, hi) run; the segment holding lo
     is walked from its start inside the first task (no driver re-read)."""
-    from rmqstore import splits as S
+    from rmqstore.scan import splits as S
     from rmqstore.pipeline import jobs
     from rmqstore.selection import MessageFilter
 

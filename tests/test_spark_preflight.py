@@ -49,7 +49,7 @@ def test_hadoop_s3_names_are_read_as_s3_and_unknown_schemes_are_one_line(no_spar
     pytest.importorskip("pyarrow")
     from pyarrow import fs as pafs
 
-    from rmqstore import splits as S
+    from rmqstore.scan import splits as S
 
     fs, path = S.arrow_filesystem("s3a://bucket/rocketmq/store?region=us-east-1")
     assert isinstance(fs, pafs.S3FileSystem) and path == "bucket/rocketmq/store"

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from rmqstore import stats as STATS
 from rmqstore.format import layout as L
-from rmqstore import splits as S
-from rmqstore import arrowview as AV
+from rmqstore.scan import splits as S
+from rmqstore.scan import arrow as AV
 from rmqstore.format.message import Host, Message
 from rmqstore.format.record import decode_record, encode_record
 
@@ -131,8 +131,8 @@ def generated(tmp_path_factory):
 
 def test_generated_log_is_what_the_reference_walk_sees(generated):
     """The generator's expectation agrees with the codec reading the file sequentially."""
-    from rmqstore.commitlog import CommitLog
-    from rmqstore.config import load_config
+    from rmqstore.files.commitlog import CommitLog
+    from rmqstore.files.config import load_config
 
     for root, expected in generated.values():
         with CommitLog(load_config(root)) as cl:

@@ -13,13 +13,13 @@ import textwrap
 import pytest
 
 from rmqstore.format import layout as L
-from rmqstore.append import PutStatus
+from rmqstore.engine.append import PutStatus
 from rmqstore.format.message import Host, Message
-from rmqstore.commitlog import CommitLog
-from rmqstore.config import StoreConfig
-from rmqstore.consumequeue import ConsumeQueueWriter, open_consume_queue
+from rmqstore.files.commitlog import CommitLog
+from rmqstore.files.config import StoreConfig
+from rmqstore.files.consumequeue import ConsumeQueueWriter, open_consume_queue
 from rmqstore.errors import NotAStoreError, StoreLockedError
-from rmqstore.store import MessageStore
+from rmqstore.engine.store import MessageStore
 
 # spec §12.3: the complete 5.3.3 record (254 bytes), copied from the spec's hex dump.
 SPEC_12_3 = bytes.fromhex(textwrap.dedent("""
@@ -180,7 +180,7 @@ def test_lock_abort_and_second_open_refused(tmp_path):
         assert (root / "abort").exists()
         with pytest.raises(StoreLockedError):
             MessageStore.open(root, _config())
-        code = ("import sys\nfrom rmqstore.store import MessageStore\n"
+        code = ("import sys\nfrom rmqstore.engine.store import MessageStore\n"
                 "from rmqstore.errors import StoreLockedError\n"
                 "try:\n    MessageStore.open(sys.argv[1])\nexcept StoreLockedError as e:\n"
                 "    print(e); sys.exit(3)\n")
@@ -265,9 +265,9 @@ def test_put_after_close_raises_even_through_a_saved_reference(tmp_path):
     """The one-at-a-time put installed at open (a closure) still refuses a closed store,
     also when a caller kept ``put = st.put`` from before the close."""
     from rmqstore.format.message import Message
-    from rmqstore.config import StoreConfig
+    from rmqstore.files.config import StoreConfig
     from rmqstore.errors import RecordError
-    from rmqstore.store import MessageStore
+    from rmqstore.engine.store import MessageStore
 
     st = MessageStore.open(tmp_path / "s", StoreConfig(mapped_file_size_commit_log=65536),
                            create=True)

@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 from cli.main import app
 from conftest import FIXTURES, copy_store, tree_hashes
 from rmqstore.format.message import Message
-from rmqstore.config import StoreConfig, load_config
+from rmqstore.files.config import StoreConfig, load_config
 from rmqstore.errors import ConfigError, UnsupportedStoreError
-from rmqstore.index import IndexFile, IndexGeometry
-from rmqstore.store import MessageStore
+from rmqstore.files.index import IndexFile, IndexGeometry
+from rmqstore.engine.store import MessageStore
 
 runner = CliRunner()
 BASIC_MESSAGES = 500  # fixtures README: rocketmq-4.9.8/basic
@@ -522,7 +522,7 @@ def test_a_new_store_never_takes_its_commitlog_from_broker_conf(basic, tmp_path)
 def test_index_entries_agree_with_the_true_slot_count_only(folder):
     """RocketMQ's own IndexFiles (64 slots, 256 entries): every file with entries agrees
     with 64 and contradicts the neighbouring counts that give a whole number of entries."""
-    from rmqstore.index_geometry import AGREE, CONTRADICT, IndexFiles, judge
+    from rmqstore.files.index_geometry import AGREE, CONTRADICT, IndexFiles, judge
 
     checked = 0
     for store in sorted(_fixture(folder).iterdir()):

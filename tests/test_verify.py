@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import ROCKETMQ_498, SCENARIOS, scenario_params, store_expectations, tree_hashes
-from rmqstore.verify import CODES, ERROR, INFO, verify
+from rmqstore.recovery.verify import CODES, ERROR, INFO, verify
 
 CLEAN = [s for s in SCENARIOS if not s.startswith("crash") or s in ("crash-recovered", "crash-torn-recovered")]
 

@@ -90,8 +90,8 @@ def read_units(root: str, topic: str, queue_id: int, file_size: int):
     """(queue offsets, offsets, sizes, tagsCodes) of a queue as the broker loads it."""
     from pathlib import Path
 
-    from ..consumequeue import ConsumeQueue
-    from ..names import is_safe_topic
+    from ..files.consumequeue import ConsumeQueue
+    from ..files.names import is_safe_topic
 
     z = np.zeros(0, np.int64)
     if not is_safe_topic(topic):

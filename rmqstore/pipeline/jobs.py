@@ -30,9 +30,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from .. import splits as S
+from ..scan import splits as S
 
-from .. import arrowview as AV
+from ..scan import arrow as AV
 
 from .. import stats as ST
 from .. import __version__
@@ -142,9 +142,9 @@ def _locations(stores: Stores) -> dict[str, str]:
 
 def store_files(stores: Stores, conf=None) -> dict[str, S.StoreFiles]:
     """Each store's CommitLog files as absolute URIs, with the geometry ``conf`` (a
-    broker.conf) and the files give (:func:`rmqstore.config.load_config`, as every other
+    broker.conf) and the files give (:func:`rmqstore.files.config.load_config`, as every other
     command); named as the caller named the store."""
-    from ..config import load_config
+    from ..files.config import load_config
 
     out = {}
     for name, uri in _locations(stores).items():
@@ -475,8 +475,8 @@ def audit(spark: SparkSession, stores: Stores, *, split_size: int = S.DEFAULT_SP
     """Compare every ConsumeQueue unit with what the CommitLog implies (pipeline.audit)."""
     import pandas as pd
 
-    from ..config import load_config
-    from ..consumequeue import list_queues
+    from ..files.config import load_config
+    from ..files.consumequeue import list_queues
 
     where = _locations(stores)
     for s, uri in where.items():
@@ -540,14 +540,14 @@ def rebuild_cq(spark: SparkSession, store: str, out: str, *, split_size: int = S
     and renamed into place, so a retried task cannot leave a mixed queue."""
     import pandas as pd
 
-    from ..config import load_config
-    from ..consumequeue import build_consume_queue
-    from ..names import is_safe_topic, queue_dir
+    from ..files.config import load_config
+    from ..files.consumequeue import build_consume_queue
+    from ..files.names import is_safe_topic, queue_dir
 
     if S.is_remote(out) or S.is_remote(store):
         raise InputError("rebuild-cq writes with the local ConsumeQueue writer: use local paths "
                          "(or a mounted shared filesystem)")
-    from ..storekind import require_writable
+    from ..files.storekind import require_writable
 
     cfg = load_config(P.local_path(P.absolute_uri(store)), conf)
     require_writable(cfg, "rebuild --consumequeue")  # the new files take the store's geometry

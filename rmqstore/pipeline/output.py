@@ -20,9 +20,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from .. import splits as S
+from ..scan import splits as S
 
-from .. import arrowview as AV
+from ..scan import arrow as AV
 from ..errors import InputError
 from ..selection import MessageFilter
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .. import splits as S
+from ..scan import splits as S
 from ..errors import InputError, NotAStoreError, RmqStoreError, SparkError, StoreIOError
 
 _LOCAL_MASTER = re.compile(r"^local(\[[^\]]*\])?$")
@@ -177,7 +177,7 @@ def check_java(env: Mapping[str, str] | None = None) -> str | None:
 def check_config(conf: str | os.PathLike | None) -> None:
     """The broker.conf loads and its values are valid (the store's own checks come with it)."""
     if conf is not None:
-        from ..config import load_config
+        from ..files.config import load_config
 
         load_config(None, conf, infer=False)
 
@@ -187,7 +187,7 @@ def check_store(store: str, conf: str | os.PathLike | None = None, *,
     """(the store root's absolute URI, its configuration or None for a remote store), after
     the checks the non-Spark commands make and an open of each CommitLog file.
     ``local_only``: the reason a remote store is refused; ``write``: the writing operation
-    whose refusals (:func:`rmqstore.storekind.require_writable`) apply."""
+    whose refusals (:func:`rmqstore.files.storekind.require_writable`) apply."""
     uri = absolute_uri(store)
     if S.is_remote(uri):
         if local_only:
@@ -208,7 +208,7 @@ def check_store(store: str, conf: str | os.PathLike | None = None, *,
     with open_store(path, conf) as reader:
         cfg = reader.config
     if write:
-        from ..storekind import require_writable
+        from ..files.storekind import require_writable
 
         require_writable(cfg, write)
     root = os.path.abspath(kind.root)

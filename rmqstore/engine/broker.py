@@ -1,0 +1,219 @@
+"""Incoming messages: the append input format, and what a broker does to a message.
+
+:func:`message_from_json` turns one object of the message JSON (the keys ``rmqstore
+dump`` prints, see docs/engine.md) into a :class:`~rmqstore.format.message.Message` in its stored
+form, validating every field first so a bad line is rejected before anything is written.
+
+:func:`as_broker` applies the broker's own changes to an incoming message, as a 4.9.8 or
+5.3.3 broker makes them before the store sees it (spec §3.2, §3.4, §5.2, §13): a
+``UNIQ_KEY`` when the client sent none, the delay rewrite into ``SCHEDULE_TOPIC_XXXX``
+(§6.1) with ``REAL_TOPIC``/``REAL_QID``, ``CLUSTER`` (and in 5.x ``MSG_REGION`` and
+``TRACE_ON``), 4.9's removal of ``WAIT``, the store host, and properties serialised in
+the iteration order of the broker's Java ``HashMap`` (§14.3).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as _dt
+import itertools
+import os
+import random
+from typing import Any
+
+from ..format import layout as L
+from ..format.rules import SCHEDULE_TOPIC
+from ..format.message import Host, Message, parse_properties
+from ..format.hashing import java_hash
+from ..files.config import StoreConfig
+from ..errors import InputError
+
+_I32 = (-(2**31), 2**31 - 1)
+_I64 = (-(2**63), 2**63 - 1)
+_INT_FIELDS = {
+    "queueId": ("queue_id", _I32), "flag": ("flag", _I32), "sysFlag": ("sys_flag", _I32),
+    "bornTimestamp": ("born_timestamp", _I64), "storeTimestamp": ("store_timestamp", _I64),
+    "reconsumeTimes": ("reconsume_times", _I32),
+    "preparedTransactionOffset": ("prepared_transaction_offset", _I64),
+}
+
+
+def _int(obj: dict, key: str, bounds) -> int | None:
+    v = obj.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InputError(f"{key} must be a whole number, got {v!r}")
+    if not bounds[0] <= v <= bounds[1]:
+        raise InputError(f"{key} {v} is out of range")
+    return v
+
+
+def _text(v: Any, what: str) -> str:
+    if not isinstance(v, str):
+        raise InputError(f"{what} must be a string, got {type(v).__name__}")
+    return v
+
+
+def _body(obj: dict) -> bytes:
+    # storedBody: the stored (compressed) bytes a dump gives beside a decompressed body.
+    for name in ("storedBody", "bodyBase64"):
+        if name in obj and obj[name] is not None:
+            try:
+                return base64.b64decode(_text(obj[name], name), validate=True)
+            except binascii.Error:
+                raise InputError(f"{name} is not valid base64") from None
+    body = obj.get("body")
+    if body is None:
+        return b""
+    body = _text(body, "body")
+    enc = obj.get("bodyEncoding") or "text"
+    try:
+        if enc == "base64":
+            return base64.b64decode(body, validate=True)
+        if enc == "hex":
+            return bytes.fromhex(body)
+        if enc == "text":
+            charset = obj.get("bodyCharset") or "utf-8"
+            return body.encode(charset, "surrogatepass" if charset == "utf-8" else "strict")
+    except LookupError:
+        raise InputError(f"unknown bodyCharset {obj.get('bodyCharset')!r}") from None
+    except (binascii.Error, ValueError, UnicodeError):
+        raise InputError(f"body is not valid {enc}") from None
+    raise InputError(f"bodyEncoding must be base64, text or hex, got {enc!r}")
+
+
+def message_from_json(obj: Any, config: StoreConfig, *, now: int) -> Message:
+    """A Message from one message-JSON object; :class:`InputError` says what is wrong.
+
+    Absent timestamps become ``now``, an absent born host 127.0.0.1:0 and an absent store
+    host ``brokerIP1:listenPort``. ``propertiesText`` wins over ``properties``.
+    """
+    if not isinstance(obj, dict):
+        raise InputError("a message must be a JSON object")
+    topic = obj.get("topic")
+    if not isinstance(topic, str) or not topic:
+        raise InputError("topic is required (a non-empty string)")
+    if any(c in topic for c in "\x00\x01\x02"):
+        raise InputError("topic contains control characters")
+    m = Message(topic=topic, body=_body(obj))
+    for key, (attr, bounds) in _INT_FIELDS.items():
+        v = _int(obj, key, bounds)
+        if v is not None:
+            setattr(m, attr, v)
+    if obj.get("bornTimestamp") is None:
+        m.born_timestamp = now
+    if obj.get("storeTimestamp") is None:
+        m.store_timestamp = now
+    m.born_host = Host.parse(_text(obj["bornHost"], "bornHost")) if obj.get("bornHost") \
+        else Host(b"\x7f\x00\x00\x01", 0)
+    m.store_host = Host.parse(_text(obj["storeHost"], "storeHost")) if obj.get("storeHost") \
+        else store_host(config)
+    props = obj.get("properties")
+    if props is not None:
+        if not isinstance(props, dict):
+            raise InputError("properties must be an object of name: value strings")
+        for k, v in props.items():
+            if v is not None:
+                _text(v, f"property {k!r}")
+            if not k or any(c in k + (v or "") for c in "\x01\x02"):
+                raise InputError(f"property {k!r} has an empty name or a \\x01/\\x02 separator")
+        m.properties = {k: v for k, v in props.items() if v is not None}
+    text = obj.get("propertiesText")
+    if text is not None:
+        m.properties_text = _text(text, "propertiesText")
+        m.properties = parse_properties(m.properties_text)
+    if config.broker_version != "4.9" and obj.get("magic") == "v2":
+        m.magic = L.MAGIC_V2  # a 5.x record written with v2 although its topic is short
+    return m
+
+
+def store_host(config: StoreConfig) -> Host:
+    return Host.parse(f"[{config.broker_ip1}]:{config.listen_port}" if ":" in config.broker_ip1
+                      else f"{config.broker_ip1}:{config.listen_port}")
+
+
+# --- UNIQ_KEY (spec §5.2) ----------------------------------------------------------------
+
+_counter = itertools.count(random.randrange(1 << 16))
+_loader_hash = random.getrandbits(31)
+
+
+def new_uniq_key(ip: bytes, now: int) -> str:
+    """A client-style message id: ip, pid, class-loader hash, ms since the start of the
+    month in local time (unsigned i32), counter."""
+    local = _dt.datetime.fromtimestamp(now / 1000).astimezone()
+    month = local.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    span = (now - int(month.timestamp() * 1000)) & 0xFFFFFFFF
+    return (ip + (os.getpid() & 0xFFFF).to_bytes(2, "big") + _loader_hash.to_bytes(4, "big")
+            + span.to_bytes(4, "big") + (next(_counter) & 0xFFFF).to_bytes(2, "big")).hex().upper()
+
+
+# --- Java HashMap iteration order (spec §14.3) -------------------------------------------
+
+
+def hashmap_order(keys: list[str], initial_capacity: int = 16, max_size: int | None = None) -> list[str]:
+    """``keys`` (insertion order) in the iteration order of a Java HashMap holding them.
+
+    The capacity doubles while the largest size the map reached exceeds 0.75 x capacity;
+    within a bucket, insertion order holds (no treeified bins below 8 per bucket).
+    """
+    cap = 1
+    while cap < initial_capacity:
+        cap <<= 1
+    size = max(len(keys), max_size or 0)
+    while size > cap * 3 // 4:
+        cap <<= 1
+
+    def bucket(k: str) -> int:
+        h = java_hash(k) & 0xFFFFFFFF
+        return (h ^ (h >> 16)) & (cap - 1)
+
+    return [k for _, _, k in sorted((bucket(k), i, k) for i, k in enumerate(keys))]
+
+
+def _serialize(props: dict[str, str], order: list[str], trailing: bool) -> str:
+    text = "\x02".join(f"{k}\x01{props[k]}" for k in order if props.get(k) is not None)
+    return text + "\x02" if trailing and text else text
+
+
+def as_broker(msg: Message, config: StoreConfig, *, now: int) -> Message:
+    """What the broker does to ``msg`` before storing it (see module doc). Mutates and
+    returns ``msg``; its ``properties_text`` is set to the broker's serialisation."""
+    v5 = config.broker_version != "4.9"
+    props = dict(msg.properties)  # insertion order = incoming text order
+    max_size = len(props)
+    if "UNIQ_KEY" not in props:
+        props["UNIQ_KEY"] = new_uniq_key(store_host(config).address, now)
+    props["CLUSTER"] = config.broker_cluster_name
+    if v5:
+        props.setdefault("MSG_REGION", config.region_id)
+        props.setdefault("TRACE_ON", "true" if config.trace_on else "false")
+    max_size = max(max_size, len(props))
+    msg.store_host = store_host(config)
+    msg.store_timestamp = now
+    tx = msg.sys_flag & L.SYSFLAG_TRANSACTION_MASK
+    delay = props.get("DELAY")
+    rewritten = False
+    if delay is not None and tx in (L.TRANSACTION_NOT_TYPE, L.TRANSACTION_COMMIT):
+        try:
+            level = int(delay)
+        except ValueError:
+            level = 0
+        if level > 0:
+            level = min(level, len(config.delay_millis))
+            props["DELAY"] = str(level)
+            props["REAL_TOPIC"] = msg.topic
+            props["REAL_QID"] = str(msg.queue_id)
+            msg.topic, msg.queue_id = SCHEDULE_TOPIC, level - 1
+            rewritten = True
+    max_size = max(max_size, len(props))
+    if not v5 and not rewritten:
+        # 4.9 strips WAIT from what it stores for single sends; the delay path re-serialises
+        # the whole map, WAIT included (spec §3.4, fixtures/special).
+        props.pop("WAIT", None)
+    order = hashmap_order(list(props), 128 if v5 else 16, max_size)
+    msg.properties = props
+    msg.properties_text = _serialize(props, order, config.trailing_separator)
+    return msg

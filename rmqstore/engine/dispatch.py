@@ -1,0 +1,597 @@
+"""Dispatch ("reput"): each CommitLog record into its ConsumeQueue and the IndexFile (spec §9).
+
+For every record, in CommitLog order:
+
+1. **ConsumeQueue** (§6.1): only transaction types NOT_TYPE and COMMIT get a unit, at
+   (topic, queueId, QUEUEOFFSET); tagsCode is the TAGS hash, or the delivery time for
+   ``SCHEDULE_TOPIC_XXXX`` (:func:`rmqstore.format.rules.tags_code` with ``config.delay_millis``).
+   After a CQ write the checkpoint's logicsMsgTimestamp follows the record (§8.1).
+2. **Index** (§7.3): unless ROLLBACK, ``topic#UNIQ_KEY`` then ``topic#token`` for each
+   KEYS token, with the record's offset and store timestamp.
+
+:class:`Dispatcher` does this synchronously, for records the appender has just written
+(it already knows their fields, so nothing is re-read). :class:`BackgroundDispatcher` does
+it on a thread that follows the appender, like the broker's ReputMessageService.
+:meth:`Dispatcher.dispatch_log` re-reads records from the files, for catching up after a
+crash or when reopening a store whose queues lag its CommitLog.
+"""
+
+from __future__ import annotations
+
+import collections
+import operator
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..format import layout as L
+from .append import Appended
+from ..format.rules import SCHEDULE_TOPIC
+from ..format.hashing import java_hash
+from ..format.message import parse_properties
+from ..files.consumequeue import ConsumeQueueWriter
+from ..format.hashing import index_hashes, prefix_hash, token_hash, token_hashes
+from ..files.names import queue_dir
+
+_CQ_TYPES = (L.TRANSACTION_NOT_TYPE, L.TRANSACTION_COMMIT)
+_TAGS_CACHE_MAX = 1 << 16
+
+
+# dispatch_record's write-behind of index keys: at most this many keys wait, all from records
+# starting at most DEFER_BYTES before the end of the last record dispatched (the bound a
+# reopen after a crash relies on: MessageStore re-indexes that much).
+DEFER_MAX = 1024
+_PENDING_MAX = 4 * DEFER_MAX  # the flat list's length when it holds DEFER_MAX keys
+DEFER_BYTES = 1 << 20
+_unit_pack_into = L.CQ_UNIT_STRUCT.pack_into
+
+
+class Dispatcher:
+    """Writes CQ units and index keys for appended records (the caller serialises calls)."""
+
+    def __init__(self, config, *, index=None, on_logics=None):
+        self.config = config
+        self.root = Path(config.store_path_root_dir)
+        self.cq_file_size = config.cq_file_size
+        self.delay_millis = config.delay_millis
+        self.index = index if config.message_index_enable else None
+        self._index_num = index.geometry.index_num if self.index is not None else 0
+        self.on_logics = on_logics or (lambda ts: None)
+        self._writers: dict[tuple[str, int], ConsumeQueueWriter] = {}
+        self._tags: dict[str, int] = {}
+        self._key_prefix: dict[str, int] = {}  # topic -> java_hash(topic + "#"), unsigned
+        self.dispatched = 0  # records handled
+        self._pending: list = []  # index keys not yet put: topic, key, offset, timestamp, ...
+        self._room = 0  # keys that may still wait: room left in the last index file
+        self._lag_end = 0  # records ending past this put their keys at once
+        self.logics_timestamp = 0
+
+    def _writer(self, topic: str, queue_id: int, offset: int | None = None) -> ConsumeQueueWriter:
+        w = self._writers.get((topic, queue_id))
+        if w is None:
+            # UnsafePathError for a topic that is not one safe directory name (a record
+            # written by something else: append refuses such topics).
+            w = ConsumeQueueWriter(queue_dir(self.root / "consumequeue", topic, queue_id,
+                                             where=self.root / "commitlog", offset=offset),
+                                   self.cq_file_size)
+            self._writers[(topic, queue_id)] = w
+        return w
+
+    def _tags_code(self, topic: str, props: dict, store_ts: int) -> int:
+        if topic == SCHEDULE_TOPIC and "DELAY" in props:
+            from ..format.rules import tags_code
+            return tags_code(topic, props, store_ts, self.delay_millis)
+        return self.tags_code_of(props.get("TAGS"))
+
+    def tags_code_of(self, tags: str | None) -> int:
+        """tagsCode of a TAGS value outside SCHEDULE_TOPIC (0 for none or empty)."""
+        if not tags:
+            return 0
+        code = self._tags.get(tags)
+        if code is None:
+            # Tags repeat a lot; the Java hash of each distinct one is computed once.
+            if len(self._tags) >= _TAGS_CACHE_MAX:
+                self._tags.clear()
+            code = self._tags[tags] = java_hash(tags)
+        return code
+
+    def put_units(self, key: tuple[str, int], queue_offset: int, data: bytes,
+                  first_end: int, last_end: int, units: np.ndarray) -> None:
+        """CQ units ``data`` (``units`` as ``CQ_UNIT_DTYPE``) for consecutive queue offsets
+        from ``queue_offset`` and ascending CommitLog ends ``first_end`` .. ``last_end``:
+        one block write when they simply continue the queue, else
+        :meth:`ConsumeQueueWriter.put_many` (same bytes either way)."""
+        w = self._writers.get(key)
+        if w is None:
+            w = self._writer(*key)
+        pos = w.write_pos
+        if pos is None or pos != queue_offset * L.CQ_UNIT_SIZE or first_end <= w.max_physic_offset:
+            w.put_many(np.arange(queue_offset, queue_offset + len(units)), units["commit_log_offset"],
+                       units["size"], units["tags_code"])
+            return
+        start, size = w._starts[-1], w.file_size
+        if pos - start + len(data) <= w._map_alloc and w._map_start == start:
+            mm = w._map_cur  # the usual case: within the allocated part being written
+            mm[pos - start:pos - start + len(data)] = data
+            w.write_pos = pos + len(data)
+        else:
+            done = 0
+            while done < len(data):  # _write_dense, from ready bytes
+                if w.write_pos == w._starts[-1] + size:
+                    w._starts.append(w.write_pos)
+                room = w._starts[-1] + size - w.write_pos
+                chunk = data[done:done + room]
+                w._pwrite(w.write_pos, chunk)
+                w.write_pos += len(chunk)
+                done += len(chunk)
+        w.max_physic_offset = last_end
+
+    def dispatch(self, a: Appended) -> None:
+        """Both dispatchers for one record, in the broker's order (spec §9 step 2)."""
+        self.settle_index()
+        tx = a.sys_flag & L.SYSFLAG_TRANSACTION_MASK
+        props = a.properties
+        if tx in _CQ_TYPES:
+            code = self._tags_code(a.topic, props, a.store_timestamp)
+            if self._writer(a.topic, a.queue_id, a.offset).put(a.queue_offset, a.offset, a.size, code):
+                self.logics_timestamp = a.store_timestamp
+        if self.index is not None:
+            # IndexService applies the §7.3 rules (endPhyOffset skip, ROLLBACK) itself.
+            k = props.get("KEYS")
+            self.index.build_index(a.topic, props.get("UNIQ_KEY"), k.split(" ") if k else (),
+                                   a.offset, a.store_timestamp, a.sys_flag)
+        self.dispatched += 1
+
+    def _topic_prefix_hash(self, topic: str) -> int:
+        ph = prefix_hash(topic)
+        if len(self._key_prefix) < _TAGS_CACHE_MAX:
+            self._key_prefix[topic] = ph
+        return ph
+
+    def dispatch_record(self, topic: str, queue_id: int, queue_offset: int, offset: int,
+                        size: int, sys_flag: int, store_timestamp: int, props: dict | None,
+                        text: str = "") -> None:
+        """:meth:`dispatch` for one record given as fields (the appender's fast put);
+        ``props`` None means parse ``text``. Same bytes, same order.
+
+        The usual record (NOT_TYPE, not SCHEDULE_TOPIC, parsed properties, ASCII keys)
+        is handled inline: the CQ writer's next-unit store and the index key hashes
+        without a call each; anything else takes :meth:`_dispatch_record`."""
+        if props is None or sys_flag & 0xC or topic == SCHEDULE_TOPIC:
+            return self._dispatch_record(topic, queue_id, queue_offset, offset, size, sys_flag,
+                                         store_timestamp, props, text)
+        tags = props.get("TAGS")
+        if tags:
+            code = self._tags.get(tags)
+            if code is None:
+                code = self.tags_code_of(tags)
+        else:
+            code = 0
+        w = self._writers.get((topic, queue_id))
+        if w is None:
+            w = self._writer(topic, queue_id)
+        # ConsumeQueueWriter.put's usual case (the next unit, in the mapped segment).
+        pos = w.write_pos
+        end = offset + size
+        if end > self._lag_end and self._pending:
+            # The waiting keys go before this record's unit: while keys wait, the queues
+            # end within _lag_end, the bound a reopen after a crash re-indexes from.
+            self._drain()
+        # (write_pos is None before the queue's first unit: never equal to an int)
+        if queue_offset * 20 == pos and end > w.max_physic_offset:
+            rel = pos - w._map_start
+            if 0 <= rel < w._map_alloc and w._map_start == w._starts[-1]:  # allocated
+                _unit_pack_into(w._map_cur, rel, offset, size, code)
+                w.write_pos = pos + 20
+                w.max_physic_offset = end
+                self.logics_timestamp = store_timestamp
+            elif w.put(queue_offset, offset, size, code):
+                self.logics_timestamp = store_timestamp
+        elif w.put(queue_offset, offset, size, code):
+            self.logics_timestamp = store_timestamp
+        index = self.index
+        if index is not None:
+            k = props.get("KEYS")
+            if self._room > 1 and end <= self._lag_end:
+                # The usual record: its keys wait in the write-behind list and are hashed
+                # and put with the others (same bytes, a fraction of the calls). Waiting
+                # keys are never more than DEFER_MAX, never from a record starting over
+                # DEFER_BYTES before the last dispatched record's end, and always fit in
+                # the current index file.
+                uniq = props.get("UNIQ_KEY")
+                if k or uniq is not None:
+                    # Flat (topic, key, offset, timestamp) runs: a tuple kept per record
+                    # would wake the cycle collector every 700 puts.
+                    pend = self._pending
+                    if uniq is not None:
+                        pend += (topic, uniq, offset, store_timestamp)
+                        self._room -= 1
+                    if k:
+                        if " " not in k:
+                            pend += (topic, k, offset, store_timestamp)
+                            self._room -= 1
+                        else:
+                            self._wait_tokens(topic, k, offset, store_timestamp)
+                    if len(pend) >= _PENDING_MAX:
+                        self._drain()
+                        self._lag_end = end + DEFER_BYTES
+            else:
+                self._index_record(topic, props, k, offset, end, store_timestamp)
+        self.dispatched += 1
+
+    def _index_record(self, topic: str, props: dict, k: str | None, offset: int, end: int,
+                      store_timestamp: int) -> None:
+        """The index part of :meth:`dispatch_record`, written at once after the waiting
+        keys; it also opens the next window of write-behind."""
+        index = self.index
+        self._drain()
+        files = index.files
+        if not files or files[-1].header.index_count >= self._index_num:
+            files = self._index_files(index)
+        f = files[-1]
+        if offset >= f.header.end_phy_offset:  # the §7.3 endPhyOffset rule
+            uniq = props.get("UNIQ_KEY")
+            if k or uniq is not None:
+                self._put_keys(files, topic, uniq, k, offset, store_timestamp)
+        self._room = self._index_num - files[-1].header.index_count
+        self._lag_end = end + DEFER_BYTES
+
+    def _wait_tokens(self, topic: str, keys: str, offset: int, store_timestamp: int) -> None:
+        """The tokens of a KEYS value with spaces join the waiting keys, or, when the
+        current index file has no room for all of them, everything is put now."""
+        tokens = [t for t in keys.split(" ") if t]
+        if len(tokens) <= self._room:
+            pend = self._pending
+            for t in tokens:
+                pend += (topic, t, offset, store_timestamp)
+            self._room -= len(tokens)
+            return
+        self._drain()  # this record's UNIQ_KEY included
+        files = self._index_files(self.index)
+        if offset >= files[-1].header.end_phy_offset:  # §7.3, as for the UNIQ_KEY
+            self._put_keys(files, topic, None, keys, offset, store_timestamp)
+        self._room = self._index_num - files[-1].header.index_count
+
+    def _drain(self) -> None:
+        """Put the keys waiting in the write-behind list (see :meth:`settle_index`)."""
+        pend = self._pending
+        if not pend:
+            return
+        self._pending = []
+        topics, keys, phys, stamps = pend[0::4], pend[1::4], pend[2::4], pend[3::4]
+        h = None
+        if topics.count(topics[0]) == len(topics):
+            h = self._index_hashes_of(topics[0], keys)
+        if h is None:
+            h = index_hashes([f"{t}#{k}" for t, k in zip(topics, keys)])
+        self.index.put_hashes(h, phys, stamps, skip_stale=True)
+
+    @property
+    def keys_waiting(self) -> int:
+        """Index keys in the write-behind list."""
+        return len(self._pending) // 4
+
+    def settle_index(self) -> None:
+        """Write every index key still waiting: the index files then hold exactly what
+        one-at-a-time puts would have written. Called before any other index write or
+        read, on flush and on close."""
+        self._drain()
+        self._room = 0
+
+    def _put_keys(self, files, topic: str, uniq: str | None, keys: str | None, offset: int,
+                  store_timestamp: int) -> None:
+        """Index entries of ``topic#UNIQ_KEY`` and ``topic#token`` per KEYS token, in that
+        order, into the last of ``files`` (the index's list, which a full file extends)."""
+        ph = self._key_prefix.get(topic)
+        if ph is None:
+            ph = self._topic_prefix_hash(topic)
+        toks = [uniq] if uniq is not None else []
+        if keys:
+            toks += [t for t in keys.split(" ") if t]
+        for t in toks:
+            h = token_hash(ph, topic, t)
+            if not files[-1].put(h, offset, store_timestamp):
+                self.index.put_hash(h, offset, store_timestamp)  # full: next file
+
+    @staticmethod
+    def _index_files(index):
+        """The index files, the last one with room (build_index's
+        getAndCreateLastIndexFile, §7.5)."""
+        files = index.files
+        if not files or files[-1].header.index_count >= index.geometry.index_num:
+            index.current_file()
+            files = index.files
+        return files
+
+    def _dispatch_record(self, topic: str, queue_id: int, queue_offset: int, offset: int,
+                         size: int, sys_flag: int, store_timestamp: int, props: dict | None,
+                         text: str = "") -> None:
+        """:meth:`dispatch_record` for any record (the general rules)."""
+        self.settle_index()
+        if props is None:
+            props = parse_properties(text)
+        tx = sys_flag & L.SYSFLAG_TRANSACTION_MASK
+        if tx == L.TRANSACTION_NOT_TYPE or tx == L.TRANSACTION_COMMIT:
+            tags = props.get("TAGS")
+            if topic == SCHEDULE_TOPIC:
+                code = self._tags_code(topic, props, store_timestamp)
+            elif tags:
+                code = self._tags.get(tags)
+                if code is None:
+                    code = self._tags_code(topic, props, store_timestamp)
+            else:
+                code = 0
+            w = self._writers.get((topic, queue_id))
+            if w is None:
+                w = self._writer(topic, queue_id)
+            if w.put(queue_offset, offset, size, code):
+                self.logics_timestamp = store_timestamp
+        index = self.index
+        if index is not None:
+            files = self._index_files(index)
+            f = files[-1]
+            # The §7.3 rules: offset below the file's endPhyOffset, or ROLLBACK: no keys.
+            if offset >= f.header.end_phy_offset and tx != L.TRANSACTION_ROLLBACK:
+                uniq = props.get("UNIQ_KEY")
+                k = props.get("KEYS")
+                if uniq is not None or k:
+                    ph = self._key_prefix.get(topic)
+                    if ph is None:
+                        ph = self._topic_prefix_hash(topic)
+                    if uniq is not None:
+                        h = token_hash(ph, topic, uniq)
+                        if not files[-1].put(h, offset, store_timestamp):
+                            index.put_hash(h, offset, store_timestamp)  # full: next file
+                    if k:
+                        for t in k.split(" "):
+                            if t:
+                                h = token_hash(ph, topic, t)
+                                if not files[-1].put(h, offset, store_timestamp):
+                                    index.put_hash(h, offset, store_timestamp)
+        self.dispatched += 1
+
+    def dispatch_columns(self, topics, distinct, queue_ids, queue_offsets, offsets, sizes,
+                         sys_flags, store_timestamps, props, texts) -> None:
+        """:meth:`dispatch` for a batch the appender encoded, as columns (numpy arrays for
+        the numbers; ``props`` None means parse ``texts``). Same bytes as one by one."""
+        self.settle_index()
+        n = len(topics)
+        if n < 16:
+            for i in range(n):
+                self.dispatch_record(topics[i], int(queue_ids[i]), int(queue_offsets[i]),
+                                     int(offsets[i]), int(sizes[i]), int(sys_flags[i]),
+                                     store_timestamps[i], props[i] if props is not None else None,
+                                     texts[i])
+            return
+        if props is None:
+            props = list(map(parse_properties, texts))
+        tx = sys_flags & L.SYSFLAG_TRANSACTION_MASK
+        cq = (tx == L.TRANSACTION_NOT_TYPE) | (tx == L.TRANSACTION_COMMIT)
+        getter = operator.methodcaller("get", "TAGS")
+        tags = list(map(getter, props))
+        codes_of = {None: 0, "": 0}
+        for t in set(tags):
+            if t not in codes_of:
+                c = self._tags.get(t)
+                codes_of[t] = java_hash(t) if c is None else c
+        codes = np.fromiter(map(codes_of.__getitem__, tags), dtype=np.int64, count=n)
+        if SCHEDULE_TOPIC in distinct:
+            for i in np.flatnonzero(cq).tolist():
+                if topics[i] == SCHEDULE_TOPIC:
+                    codes[i] = self._tags_code(topics[i], props[i], store_timestamps[i])
+        ts = np.asarray(store_timestamps, dtype=np.int64)
+        if len(distinct) == 1:
+            topic = topics[0]
+            groups = [((topic, q), queue_ids == q) for q in np.unique(queue_ids[cq]).tolist()]
+        else:
+            kmap: dict = {}
+            kc = np.fromiter((kmap.setdefault(x, len(kmap)) for x in zip(topics, queue_ids.tolist())),
+                             dtype=np.int64, count=n)
+            groups = [(key, kc == c) for key, c in kmap.items()]
+        last_ts = None
+        for (topic, qid), sel in groups:
+            sel = sel & cq
+            if sel.any():
+                self._writer(topic, qid).put_many(queue_offsets[sel], offsets[sel], sizes[sel], codes[sel])
+        if cq.any():
+            last_ts = int(ts[np.flatnonzero(cq)[-1]])
+            self.logics_timestamp = last_ts
+        index = self.index
+        if index is not None:
+            if not index.files or index.files[-1].is_write_full:
+                index.current_file()  # the first dispatched record creates a file (§7.5)
+            indexed = tx != L.TRANSACTION_ROLLBACK
+            uniqs = list(map(operator.methodcaller("get", "UNIQ_KEY"), props))
+            keys = list(map(operator.methodcaller("get", "KEYS"), props))
+            if uniqs.count(None) == n and len(distinct) == 1 and None not in keys \
+                    and " " not in "".join(keys) and "" not in keys and bool(indexed.all()):
+                # The usual case: one token per record.
+                h = self._index_hashes_of(topics[0], keys)
+                if h is not None:
+                    index.put_hashes(h, offsets, ts, skip_stale=True)
+                    self.dispatched += n
+                    return
+            full, kphy, kts = [], [], []
+            ok = indexed.tolist()
+            offs = offsets.tolist()
+            tsl = ts.tolist()
+            for i in range(n):
+                if not ok[i]:
+                    continue
+                topic = topics[i]
+                if uniqs[i] is not None:
+                    full.append(f"{topic}#{uniqs[i]}")
+                    kphy.append(offs[i])
+                    kts.append(tsl[i])
+                k = keys[i]
+                if k:
+                    for t in k.split(" "):
+                        if t:
+                            full.append(f"{topic}#{t}")
+                            kphy.append(offs[i])
+                            kts.append(tsl[i])
+            if full:
+                index.put_hashes(index_hashes(full), kphy, kts, skip_stale=True)
+        self.dispatched += n
+
+    def _index_hashes_of(self, topic: str, tokens: Sequence[str]) -> np.ndarray | None:
+        """:func:`~rmqstore.format.hashing.token_hashes` from the topic's cached prefix hash."""
+        ph = self._key_prefix.get(topic)
+        if ph is None:
+            ph = self._topic_prefix_hash(topic)
+        return token_hashes(ph, tokens)
+
+    def dispatch_many(self, records: Sequence[Appended]) -> None:
+        """:meth:`dispatch` for records in CommitLog order, vectorised: CQ units go to
+        each queue with one bulk write, index keys are hashed together (same bytes)."""
+        self.settle_index()
+        if len(records) < 32:
+            for a in records:
+                self.dispatch(a)
+            return
+        groups: dict[tuple[str, int], tuple[list, list, list, list]] = {}
+        keys: list[str] = []
+        key_phy: list[int] = []
+        key_ts: list[int] = []
+        last_ts = None
+        tags_code = self._tags_code
+        index = self.index
+        for a in records:
+            tx = a.sys_flag & L.SYSFLAG_TRANSACTION_MASK
+            props = a.properties
+            if tx in _CQ_TYPES:
+                g = groups.get((a.topic, a.queue_id))
+                if g is None:
+                    g = groups[(a.topic, a.queue_id)] = ([], [], [], [])
+                g[0].append(a.queue_offset)
+                g[1].append(a.offset)
+                g[2].append(a.size)
+                g[3].append(tags_code(a.topic, props, a.store_timestamp))
+                last_ts = a.store_timestamp
+            if index is not None and tx != L.TRANSACTION_ROLLBACK:
+                uniq = props.get("UNIQ_KEY")
+                if uniq is not None:
+                    keys.append(f"{a.topic}#{uniq}")
+                    key_phy.append(a.offset)
+                    key_ts.append(a.store_timestamp)
+                k = props.get("KEYS")
+                if k:
+                    for t in k.split(" "):
+                        if t:
+                            keys.append(f"{a.topic}#{t}")
+                            key_phy.append(a.offset)
+                            key_ts.append(a.store_timestamp)
+        for (topic, qid), (qo, phy, size, tags) in groups.items():
+            self._writer(topic, qid).put_many(qo, phy, size, tags)
+        if last_ts is not None:
+            self.logics_timestamp = last_ts
+        if index is not None:
+            if not index.files:
+                index.current_file()  # the first dispatched record creates a file (§7.5)
+            if keys:
+                index.put_hashes(index_hashes(keys), key_phy, key_ts, skip_stale=True)
+        self.dispatched += len(records)
+
+    def dispatch_log(self, commitlog, start: int, end: int | None = None) -> int:
+        """Re-read records in ``[start, end)`` from a :class:`~rmqstore.files.commitlog.CommitLog`
+        and dispatch them (a reput from the files, spec §9). Returns the offset reached."""
+        from ..files.commitlog import Check
+        reached = start
+        chunk: list[Appended] = []
+        for off, c in commitlog.walk(start, check_crc=False):
+            if end is not None and off >= end:
+                break
+            if c.status is Check.OK:
+                m = commitlog.read_at(off)
+                chunk.append(Appended(off, c.size, m.topic, m.queue_id, m.queue_offset,
+                                      m.sys_flag, m.store_timestamp,
+                                      parse_properties(m.properties_text or "")))
+                if len(chunk) >= 4096:
+                    self.dispatch_many(chunk)
+                    chunk = []
+                reached = off + c.size
+            elif c.status is Check.END_OF_SEGMENT:
+                reached = commitlog.queue.find(off)[0].end
+            else:
+                break
+        self.dispatch_many(chunk)
+        return reached
+
+    def flush_queues(self, least_pages: int = 0) -> None:
+        """Sync the ConsumeQueue files (see ConsumeQueueWriter.flush); the logics flush
+        thread calls this while writers go on."""
+        for w in list(self._writers.values()):
+            w.flush(least_pages)
+
+    def flush(self) -> None:
+        self.settle_index()
+        for w in self._writers.values():
+            w.flush()
+        if self.index is not None and hasattr(self.index, "flush"):
+            self.index.flush()
+
+    def close(self) -> None:
+        self.settle_index()
+        self.release()
+
+    def release(self) -> None:
+        """Close the files without writing the index keys still waiting (after an I/O
+        error; the next open re-dispatches them)."""
+        for w in self._writers.values():
+            w.close()
+        self._writers = {}
+        if self.index is not None:
+            self.index.close()
+
+
+class BackgroundDispatcher:
+    """Runs a :class:`Dispatcher` on its own thread, fed in CommitLog order."""
+
+    def __init__(self, dispatcher: Dispatcher):
+        self.dispatcher = dispatcher
+        self._pending: collections.deque[Sequence[Appended]] = collections.deque()
+        self._cond = threading.Condition()
+        self._stop = False
+        self._busy = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="rmqstore-reput", daemon=True)
+        self._thread.start()
+
+    def submit(self, records: Sequence[Appended]) -> None:
+        """Queue records; the appender calls this under its lock, so order is kept."""
+        with self._cond:
+            self._pending.append(records)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stop:
+                    self._cond.wait()
+                if not self._pending and self._stop:
+                    return
+                batch = list(self._pending)
+                self._pending.clear()
+                self._busy = True
+            try:
+                if self.error is None:  # after a failure, units would land out of place
+                    self.dispatcher.dispatch_many([a for records in batch for a in records])
+            except BaseException as e:  # kept for close() to raise: dispatch must not die silently
+                self.error = e
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def wait_idle(self) -> None:
+        """Block until every submitted record is dispatched."""
+        with self._cond:
+            while self._pending or self._busy:
+                self._cond.wait()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join()

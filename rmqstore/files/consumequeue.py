@@ -1,0 +1,617 @@
+"""ConsumeQueue: 20-byte units per topic/queue, read and written offline (spec §6.1).
+
+Read side: :class:`ConsumeQueue` maps a queue directory read-only and finds the end of
+data with the broker's recover rule. Write side: :class:`ConsumeQueueWriter` appends
+units with the broker's write rules, one at a time (:meth:`~ConsumeQueueWriter.put`) or
+in bulk (:meth:`~ConsumeQueueWriter.put_many`); both produce the same bytes.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+import numpy as np
+
+from ..format import layout as L
+from ..errors import OffsetError, SegmentError, UnsafePathError
+from .listing import LONG_MAX, entries, odd_entry, offset_name, open_regular
+from .mapped import Ahead, io_error, map_read, note
+from .names import queue_dir
+
+DEFAULT_CQ_FILE_SIZE = 6_000_000
+UNIT = L.CQ_UNIT_SIZE
+_NAME = re.compile(r"^\d{20}$")
+# The broker parses queue directory names with Integer.parseInt: a negative id (a record
+# whose QUEUEID is negative gets one) loads like any other.
+_QUEUE_ID = re.compile(r"^(0|-?[1-9]\d{0,9})$")
+
+
+def effective_file_size(size: int) -> int:
+    """``mappedFileSizeConsumeQueue`` rounded up to whole units (spec §1.2)."""
+    if size <= 0:
+        raise SegmentError(f"ConsumeQueue file size must be positive, got {size}")
+    return -(-size // UNIT) * UNIT
+
+
+class CQUnit(NamedTuple):
+    queue_offset: int
+    commit_log_offset: int
+    size: int
+    tags_code: int
+
+    @property
+    def is_placeholder(self) -> bool:
+        return self.size == L.CQ_PLACEHOLDER_SIZE and self.commit_log_offset == 0
+
+
+@dataclass(frozen=True)
+class QueueProblem:
+    """Something odd under ``consumequeue/``; readers report it and carry on."""
+
+    code: str  # stray-file | symlink | special-file | bad-queue-dir | misaligned | wrong-size | gap | beyond-end
+    path: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class QueueRef:
+    topic: str
+    queue_id: int
+    path: Path
+
+
+@dataclass
+class QueueListing:
+    queues: list[QueueRef]
+    problems: list[QueueProblem]
+
+
+def list_queues(root: str | os.PathLike) -> QueueListing:
+    """Every ``consumequeue/{topic}/{queueId}`` directory of a store root, sorted.
+
+    ``consumequeue/`` itself may be a link to another disk; a link or special file below
+    it is reported (code ``symlink``/``special-file``), never followed
+    (:mod:`rmqstore.files.listing`)."""
+    base = Path(root) / "consumequeue"
+    queues: list[QueueRef] = []
+    problems: list[QueueProblem] = []
+    for t in entries(base):
+        odd = odd_entry(t)
+        if odd is not None:
+            problems.append(QueueProblem(odd[0], str(t.path), odd[1]))
+            continue
+        if t.kind != "dir":
+            problems.append(QueueProblem("stray-file", str(t.path), "not a topic directory"))
+            continue
+        for q in entries(t.path):
+            odd = odd_entry(q)
+            if odd is not None:
+                problems.append(QueueProblem(odd[0], str(q.path), odd[1]))
+            elif q.kind == "dir" and _QUEUE_ID.match(q.name) and -2**31 <= int(q.name) < 2**31:
+                queues.append(QueueRef(t.name, int(q.name), q.path))
+            elif q.kind == "dir":
+                problems.append(QueueProblem("bad-queue-dir", str(q.path),
+                                             "queue directory names are decimal queue ids"))
+            else:
+                problems.append(QueueProblem("stray-file", str(q.path), "not a queue directory"))
+    queues.sort(key=lambda q: (q.topic, q.queue_id))
+    return QueueListing(queues, problems)
+
+
+def _scan_segments(path: Path, file_size: int, problems: list[QueueProblem]) -> list[tuple[int, Path, int]]:
+    """(start, path, file length) of each well-named segment, in offset order (spec §2)."""
+    found = []
+    for e in entries(path):
+        odd = odd_entry(e)
+        if odd is not None:
+            problems.append(QueueProblem(odd[0], str(e.path), odd[1]))
+            continue
+        start = offset_name(e.name) if e.kind == "file" else None
+        if start is None or start > LONG_MAX - file_size:
+            problems.append(QueueProblem("stray-file", str(e.path), "segment names are 20 digits"
+                                         + (" (within a Java long)" if _NAME.match(e.name) else "")))
+            continue
+        found.append((start, e.path, e.size))
+    for i, (start, p, length) in enumerate(found):
+        if start % file_size:
+            problems.append(QueueProblem("misaligned", str(p),
+                                         f"start {start} is not a multiple of {file_size}"))
+        if length != file_size:
+            problems.append(QueueProblem("wrong-size", str(p),
+                                         f"{length} bytes, segments are {file_size}"))
+        if i and start != found[i - 1][0] + file_size:
+            problems.append(QueueProblem("gap", str(p),
+                                         f"previous segment ends at {found[i - 1][0] + file_size}"))
+    return found
+
+
+def _valid(units: np.ndarray) -> np.ndarray:
+    return (units["commit_log_offset"] >= 0) & (units["size"] > 0)
+
+
+def _first_false(mask: np.ndarray) -> int:
+    """Index of the first False, or len(mask) when all are True."""
+    bad = np.flatnonzero(~mask)
+    return int(bad[0]) if bad.size else len(mask)
+
+
+class ConsumeQueue:
+    """One queue directory, mapped read-only; units up to the recovered end (spec §6.1).
+
+    ``truncate_at`` applies truncateDirtyLogicFiles(phy) (spec §10.4) to the view, which
+    is how recovery drops units pointing at or past the CommitLog's recovered end; the
+    bytes stay on disk, so a plain read of a recovered store can still see them.
+    """
+
+    def __init__(self, path: str | os.PathLike, file_size: int = DEFAULT_CQ_FILE_SIZE, *,
+                 truncate_at: int | None = None):
+        self.path = Path(path)
+        self.file_size = effective_file_size(file_size)
+        self.problems: list[QueueProblem] = []
+        if not self.path.is_dir():
+            raise SegmentError("ConsumeQueue directory does not exist", self.path)
+        self._files = []
+        self._maps: list[mmap.mmap] = []
+        self.segments: list[tuple[int, np.ndarray]] = []  # (start, all units of the file)
+        for start, p, length in _scan_segments(self.path, self.file_size, self.problems):
+            self.segments.append((start, self._map(p, min(length, self.file_size))))
+        self._recover()
+        if truncate_at is not None:
+            self._truncate(truncate_at)
+        self._units: np.ndarray | None = None
+
+    def _map(self, p: Path, length: int) -> np.ndarray:
+        if length < UNIT:
+            return np.zeros(0, dtype=L.CQ_UNIT_DTYPE)
+        f = None
+        try:
+            f = open_regular(p)
+            mm = map_read(f.fileno(), length, p)  # holes read as zeros, never a bus error
+        except OSError as e:
+            if f is not None:
+                f.close()
+            raise SegmentError(f"cannot map ConsumeQueue segment: {e.strerror}", p) from None
+        self._files.append(f)
+        self._maps.append(mm)
+        return np.frombuffer(mm, dtype=L.CQ_UNIT_DTYPE, count=length // UNIT)
+
+    def _recover(self) -> None:
+        """End of data as the broker's recover finds it (spec §6.1 steps 1-5)."""
+        segs = self.segments
+        self._used = [0] * len(segs)  # valid units per segment
+        last = -1
+        for i in range(max(0, len(segs) - 3)):
+            self._used[i] = len(segs[i][1])  # not scanned: the broker trusts them
+            last = i
+        for i in range(max(0, len(segs) - 3), len(segs)):
+            n = _first_false(_valid(segs[i][1]))
+            self._used[i] = n
+            last = i
+            if n < self.file_size // UNIT:
+                break
+        for start, _ in segs[last + 1:]:
+            self.problems.append(QueueProblem(
+                "beyond-end", str(self.path / f"{start:020d}"),
+                "segment after the end of data (the broker deletes it on load)"))
+        del segs[last + 1:]
+        del self._used[last + 1:]
+        self.max_physic_offset = -1
+        self.last_unit_offset: int | None = None  # CommitLog offset of the last unit's record
+        for (_, units), n in zip(reversed(segs), reversed(self._used)):
+            if n:
+                u = units[n - 1]
+                self.last_unit_offset = int(u["commit_log_offset"])
+                self.max_physic_offset = self.last_unit_offset + int(u["size"])
+                break
+
+    def _truncate(self, phy: int) -> None:
+        """truncateDirtyLogicFiles(phy) on the view (spec §10.4)."""
+        self.max_physic_offset, self.last_unit_offset = phy, None
+        while self.segments:
+            units = self.segments[-1][1]
+            if len(units) and units[0]["commit_log_offset"] >= phy:
+                self.segments.pop()
+                self._used.pop()
+                continue
+            keep = _first_false(_valid(units) & (units["commit_log_offset"] < phy))
+            self._used[-1] = keep
+            if keep:
+                u = units[keep - 1]
+                self.last_unit_offset = int(u["commit_log_offset"])
+                self.max_physic_offset = self.last_unit_offset + int(u["size"])
+            break
+
+    # --- offsets ----------------------------------------------------------------------
+
+    @property
+    def base_offset(self) -> int:
+        """Queue offset of the first unit the first segment can hold."""
+        return self.segments[0][0] // UNIT if self.segments else 0
+
+    @property
+    def max_offset(self) -> int:
+        """One past the last unit: ``(lastSegmentStart + writePos) / 20`` (spec §6.1)."""
+        if not self.segments:
+            return 0
+        return (self.segments[-1][0] + self._used[-1] * UNIT) // UNIT
+
+    def min_offset(self, commit_log_min_offset: int = 0, rule: str = "4.9") -> int:
+        """correctMinOffset (spec §6.1), ``rule`` "4.9" (linear scan) or "5.x".
+
+        When no unit of the first segment reaches the CommitLog minimum, the broker keeps
+        its previous value; offline there is none, so the first segment's base is used.
+        """
+        if not self.segments:
+            return 0
+        first = self.segments[0][1][:self._used[0]]["commit_log_offset"]
+        if rule == "5.x":
+            units = self.units
+            if len(units) == 0 or units[-1]["commit_log_offset"] < commit_log_min_offset:
+                return self.max_offset
+            i = int(np.searchsorted(first, commit_log_min_offset, side="left"))
+        elif rule == "4.9":
+            i = _first_false(first < commit_log_min_offset)
+        else:
+            raise ValueError(f"unknown min-offset rule {rule!r}")
+        return self.base_offset + i if i < len(first) else self.base_offset
+
+    # --- units ------------------------------------------------------------------------
+
+    @property
+    def units(self) -> np.ndarray:
+        """Units ``[base_offset, max_offset)`` as one CQ_UNIT_DTYPE array (a copy).
+
+        Row i is queue offset ``base_offset + i`` unless the queue has a gap (a problem).
+        """
+        if self._units is None:
+            parts = [u[:n] for (_, u), n in zip(self.segments, self._used)]
+            self._units = (np.concatenate(parts) if parts
+                           else np.zeros(0, dtype=L.CQ_UNIT_DTYPE))
+        return self._units
+
+    def first_physic_offset_from(self, low: int) -> int | None:
+        """The smallest CommitLog offset at or after ``low`` that a unit points at (units
+        point ever further, so only the last segments are read), or None."""
+        best = None
+        for (_, units), n in zip(reversed(self.segments), reversed(self._used)):
+            phy = units[:n]["commit_log_offset"]
+            if n == 0 or int(phy[-1]) < low:
+                break
+            i = int(np.searchsorted(phy, low, side="left"))
+            best = int(phy[i])
+            if i > 0:
+                break
+        return best
+
+    def placeholder_mask(self) -> np.ndarray:
+        u = self.units
+        return (u["size"] == L.CQ_PLACEHOLDER_SIZE) & (u["commit_log_offset"] == 0)
+
+    def unit_at(self, queue_offset: int) -> CQUnit:
+        """The unit at ``queue_offset``; placeholders are returned (see ``is_placeholder``)."""
+        if self.segments and self.base_offset <= queue_offset < self.max_offset:
+            byte = queue_offset * UNIT
+            i = byte // self.file_size - self.segments[0][0] // self.file_size
+            if not (0 <= i < len(self.segments) and self.segments[i][0] <= byte):
+                i = max(k for k, (s, _) in enumerate(self.segments) if s <= byte)
+            start, units = self.segments[i]
+            pos = (byte - start) // UNIT
+            if pos < self._used[i]:
+                u = units[pos]
+                return CQUnit(queue_offset, int(u["commit_log_offset"]), int(u["size"]),
+                              int(u["tags_code"]))
+        raise OffsetError(f"queue offset {queue_offset} is outside "
+                          f"[{self.base_offset}, {self.max_offset})", self.path, queue_offset * UNIT)
+
+    def iter_units(self, start: int | None = None, *, placeholders: bool = False
+                   ) -> Iterator[CQUnit]:
+        """(queueOffset, commitLogOffset, size, tagsCode) from ``start`` to the end.
+
+        Queue offsets come from each segment's name, so they stay right across a gap.
+        """
+        for (seg_start, seg_units), n in zip(self.segments, self._used):
+            first = seg_start // UNIT
+            lo = 0 if start is None else min(n, max(0, start - first))
+            for k in range(lo, n, 65536):
+                chunk = seg_units[k:min(n, k + 65536)]
+                rows = zip(chunk["commit_log_offset"].tolist(), chunk["size"].tolist(),
+                           chunk["tags_code"].tolist())
+                for j, (off, size, tags) in enumerate(rows):
+                    if placeholders or not (size == L.CQ_PLACEHOLDER_SIZE and off == 0):
+                        yield CQUnit(first + k + j, off, size, tags)
+
+    __iter__ = iter_units
+
+    def __len__(self) -> int:
+        return self.max_offset - self.base_offset
+
+    def close(self) -> None:
+        self.segments = []
+        self._units = None
+        for mm in self._maps:
+            try:
+                mm.close()
+            except BufferError:
+                pass  # a caller still holds a view; the map closes when it is dropped
+        for f in self._files:
+            f.close()
+        self._maps, self._files = [], []
+
+    def __enter__(self) -> "ConsumeQueue":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_consume_queue(root: str | os.PathLike, topic: str, queue_id: int,
+                       file_size: int = DEFAULT_CQ_FILE_SIZE, **kw) -> ConsumeQueue:
+    """A queue by topic and id (:class:`UnsafePathError` for a topic that is not one safe
+    directory name, or a queue reached through a symbolic link)."""
+    path = queue_dir(Path(root) / "consumequeue", topic, queue_id)
+    for p in (path.parent, path):
+        if p.is_symlink():
+            raise UnsafePathError("a symbolic link inside the store: not read through", p)
+    return ConsumeQueue(path, file_size, **kw)
+
+
+_UNIT_STRUCT = L.CQ_UNIT_STRUCT
+_PLACEHOLDER = np.array([(0, L.CQ_PLACEHOLDER_SIZE, 0)], dtype=L.CQ_UNIT_DTYPE)
+
+
+class ConsumeQueueWriter:
+    """Appends units with the broker's write rules (spec §6.1).
+
+    Opening recovers the end of data like a broker load and deletes the segments after
+    it, as the broker does; the caller must hold the store lock.
+    """
+
+    def __init__(self, path: str | os.PathLike, file_size: int = DEFAULT_CQ_FILE_SIZE):
+        self.path = Path(path)
+        self.file_size = effective_file_size(file_size)
+        self.path.mkdir(parents=True, exist_ok=True)
+        with ConsumeQueue(self.path, self.file_size) as cq:
+            self._starts = [s for s, _ in cq.segments]
+            self.write_pos = cq.max_offset * UNIT if cq.segments else None
+            self.max_physic_offset = cq.max_physic_offset
+            beyond = [p.path for p in cq.problems if p.code == "beyond-end"]
+        for p in beyond:
+            os.unlink(p)
+        self._fds: dict[int, int] = {}
+        # Units are stored through a shared mapping of the segment being written: a
+        # 20-byte store costs far less than a pwrite() system call, same bytes on disk.
+        # Only into allocated bytes (a store into an unallocated page on a full disk is a
+        # SIGBUS): each file is allocated ALLOCATE_AHEAD bytes at a time, in _ensure.
+        self._maps: dict[int, mmap.mmap] = {}
+        self._map_start = -1  # segment start of _map_cur
+        self._map_cur: mmap.mmap | None = None
+        self._ahead: dict[int, Ahead] = {}  # segment start -> its allocation ahead
+        self._map_alloc = 0  # _map_cur's allocated bytes, whole units: units below go in
+        self._flushed_pos = self.write_pos or 0  # what flush() last covered
+
+    # --- segment files --------------------------------------------------------------
+
+    def _fd(self, start: int) -> int:
+        fd = self._fds.get(start)
+        if fd is None:
+            p = self.path / f"{start:020d}"
+            try:
+                fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise io_error(e, p, "open ConsumeQueue segment") from None
+            try:
+                if os.fstat(fd).st_size < self.file_size:
+                    os.ftruncate(fd, self.file_size)  # sparse zeros, like a fresh mmap (§2)
+            except OSError as e:
+                os.close(fd)
+                raise io_error(e, p, "size ConsumeQueue segment") from None
+            self._fds[start] = fd
+        return fd
+
+    def _ensure(self, start: int, at: int, upto: int) -> None:
+        """Allocate segment ``start`` for a write of bytes ``[at, upto)`` (and ahead)
+        before units are stored there; :class:`StoreIOError` (nothing written) on a full
+        disk."""
+        ahead = self._ahead.get(start)
+        if ahead is None:
+            ahead = self._ahead[start] = Ahead(
+                self._fd(start), at, self.file_size, ALLOCATE_AHEAD,
+                self.path / f"{start:020d}", "the ConsumeQueue segment")
+        if upto > ahead.end:
+            have = ahead.need(upto)
+            if start == self._map_start:
+                self._map_alloc = have - have % UNIT
+
+    def _segment_for(self, queue_offset: int) -> None:
+        """getLastMappedFile: the first segment, with placeholders, or the next one."""
+        if self.write_pos is None:
+            expect = queue_offset * UNIT
+            start = expect - expect % self.file_size
+            self._starts.append(start)
+            self._fd(start)
+            self.write_pos = start
+            if queue_offset != 0 and expect > start:
+                self._pwrite(start, np.repeat(_PLACEHOLDER, (expect - start) // UNIT).tobytes())
+                self.write_pos = expect
+        elif self.write_pos == self._starts[-1] + self.file_size:
+            self._starts.append(self.write_pos)
+            self._fd(self.write_pos)
+
+    def _map_for(self, start: int) -> mmap.mmap:
+        mm = self._maps.get(start)
+        if mm is None:
+            note(self.path / f"{start:020d}", "write")
+            try:
+                mm = self._maps[start] = mmap.mmap(self._fd(start), self.file_size)
+            except OSError as e:
+                raise io_error(e, self.path / f"{start:020d}", "map ConsumeQueue segment") from None
+        ahead = self._ahead.get(start)
+        have = ahead.end if ahead is not None else 0
+        self._map_start, self._map_cur, self._map_alloc = start, mm, have - have % UNIT
+        return mm
+
+    def _pwrite(self, pos: int, data: bytes) -> None:
+        start = self._starts[-1]
+        mm = self._map_cur if start == self._map_start else self._map_for(start)
+        self._ensure(start, pos - start, pos - start + len(data))
+        mm[pos - start:pos - start + len(data)] = data
+
+    # --- appending ------------------------------------------------------------------
+
+    def put(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> bool:
+        """putMessagePositionInfo; True when the unit was written (spec §6.1)."""
+        if commit_log_offset + size <= self.max_physic_offset:
+            return False  # a repeat
+        pos = self.write_pos
+        if pos is not None and queue_offset * UNIT == pos \
+                and 0 <= pos - self._map_start < self._map_alloc and self._map_start == self._starts[-1]:
+            # The usual case: the next unit, in the segment being written.
+            _UNIT_STRUCT.pack_into(self._map_cur, pos - self._map_start,
+                                   commit_log_offset, size, tags_code)
+            self.write_pos = pos + UNIT
+            self.max_physic_offset = commit_log_offset + size
+            return True
+        self._segment_for(queue_offset)
+        if queue_offset * UNIT < self.write_pos:
+            return False  # already built
+        # A unit for a later offset still goes at the write position: units stay dense.
+        self._pwrite(self.write_pos, L.CQ_UNIT_STRUCT.pack(commit_log_offset, size, tags_code))
+        self.write_pos += UNIT
+        self.max_physic_offset = commit_log_offset + size
+        return True
+
+    def put_many(self, queue_offsets, commit_log_offsets, sizes, tags_codes) -> int:
+        """:meth:`put` for each unit in order, vectorised; returns how many were written."""
+        q = np.asarray(queue_offsets, dtype=np.int64)
+        phy = np.asarray(commit_log_offsets, dtype=np.int64)
+        size = np.asarray(sizes, dtype=np.int64)
+        tags = np.asarray(tags_codes, dtype=np.int64)
+        ends = phy + size
+        n, i, written, window = len(q), 0, 0, 4096
+        while i < n:
+            if self.write_pos is None:
+                written += self.put(int(q[i]), int(phy[i]), int(size[i]), int(tags[i]))
+                i += 1
+                continue
+            j = min(n, i + window)
+            k = self._accepted_prefix(q[i:j], ends[i:j])
+            if k:
+                self._write_dense(phy[i:i + k], size[i:i + k], tags[i:i + k])
+                written += k
+                i += k
+                window = min(window * 2, 1 << 22)
+            if i < j:
+                # The unit a rule applies to goes the slow way; then vectorise again.
+                written += self.put(int(q[i]), int(phy[i]), int(size[i]), int(tags[i]))
+                i += 1
+                window = 4096
+        return written
+
+    def put_run(self, first_queue_offset: int, commit_log_offsets, sizes, tags_codes) -> int:
+        """:meth:`put_many` for units whose queue offsets count up by one from
+        ``first_queue_offset``; when they continue the queue exactly and point ever
+        further into the CommitLog (a rebuild's usual run), they are written without the
+        per-unit rule checks."""
+        phy = np.asarray(commit_log_offsets, dtype=np.int64)
+        size = np.asarray(sizes, dtype=np.int64)
+        n = len(phy)
+        if n and self.write_pos is not None and first_queue_offset * UNIT == self.write_pos:
+            ends = phy + size
+            if int(ends[0]) > self.max_physic_offset and bool((ends[1:] > ends[:-1]).all()):
+                self._write_dense(phy, size, tags_codes)
+                return n
+        q = np.arange(first_queue_offset, first_queue_offset + n, dtype=np.int64)
+        return self.put_many(q, phy, size, tags_codes)
+
+    def _accepted_prefix(self, q: np.ndarray, ends: np.ndarray) -> int:
+        """How many leading units neither write rule skips (each then lands at its slot)."""
+        prev = np.maximum.accumulate(np.concatenate(([self.max_physic_offset], ends[:-1])))
+        ok = ends > prev
+        ok &= q >= self.write_pos // UNIT + np.arange(len(q))
+        return _first_false(ok)
+
+    def _write_dense(self, phy: np.ndarray, size: np.ndarray, tags: np.ndarray) -> None:
+        units = np.empty(len(phy), dtype=L.CQ_UNIT_DTYPE)
+        units["commit_log_offset"], units["size"], units["tags_code"] = phy, size, tags
+        data = memoryview(units).cast("B")
+        done = 0
+        while done < len(data):
+            if self.write_pos == self._starts[-1] + self.file_size:
+                self._starts.append(self.write_pos)
+            start = self._starts[-1]
+            room = start + self.file_size - self.write_pos
+            chunk = data[done:done + room]
+            self._ensure(start, self.write_pos - start, self.write_pos - start + len(chunk))
+            if len(chunk) >= _PWRITE_MIN:
+                # Many units: one pwrite costs less than page-faulting the fresh mapping.
+                try:
+                    os.pwrite(self._fd(start), chunk, self.write_pos - start)
+                except OSError as e:
+                    raise io_error(e, self.path / f"{start:020d}", "write ConsumeQueue units",
+                                   self.write_pos - start) from None
+            else:
+                self._pwrite(self.write_pos, chunk)
+            self.write_pos += len(chunk)
+            done += len(chunk)
+        self.max_physic_offset = int(phy[-1] + size[-1])
+
+    def flush(self, least_pages: int = 0) -> None:
+        """Sync the segments (an ``fsync`` also writes back pages dirtied through the
+        mapping on Linux); with ``least_pages``, only once that many 4 KiB pages were
+        written since the last flush. Safe from another thread than the writer's."""
+        pos = self.write_pos or 0
+        if least_pages and pos // 4096 - self._flushed_pos // 4096 < least_pages:
+            return
+        for start, fd in list(self._fds.items()):
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                raise io_error(e, self.path / f"{start:020d}", "sync ConsumeQueue segment") from None
+        self._flushed_pos = pos
+
+    def close(self) -> None:
+        # Only the last file has bytes allocated ahead and never written: give them back.
+        if self._starts and self.write_pos is not None and self._starts[-1] in self._ahead:
+            start = self._starts[-1]
+            self._ahead[start].give_back(self.write_pos - start)
+        for mm in self._maps.values():
+            mm.close()
+        self._maps, self._map_start, self._map_cur = {}, -1, None
+        self._ahead, self._map_alloc = {}, 0
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+
+    def __enter__(self) -> "ConsumeQueueWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_PWRITE_MIN = 64 * 1024  # bytes from which dense units are written with pwrite
+#: Bytes of a ConsumeQueue file allocated at a time ahead of the units written (3,276
+#: units): small, as a store may have thousands of queues, each with its file.
+ALLOCATE_AHEAD = 64 * 1024
+
+
+def build_consume_queue(path: str | os.PathLike, queue_offsets, commit_log_offsets, sizes,
+                        tags_codes, file_size: int = DEFAULT_CQ_FILE_SIZE, *,
+                        fsync: bool = False) -> int:
+    """Write one queue from arrays in CommitLog order into an empty directory.
+
+    The files equal what incremental dispatch writes (spec §6.1, §9).
+    """
+    p = Path(path)
+    if p.is_dir() and any(p.iterdir()):
+        raise SegmentError("bulk ConsumeQueue build needs an empty directory", p)
+    with ConsumeQueueWriter(p, file_size) as w:
+        n = w.put_many(queue_offsets, commit_log_offsets, sizes, tags_codes)
+        if fsync:
+            w.flush()
+    return n

@@ -1,0 +1,392 @@
+"""Dispatch computed in bulk: what the broker's reput (spec §9) derives from each record,
+for a whole segment at once, with numpy over the segment's bytes.
+
+For the records of one segment, :func:`segment_dispatch` gives per record the fixed
+fields dispatch uses, the ConsumeQueue tagsCode (§6.1: Java hash of ``TAGS``, or the
+delivery time for the delay topic) and the IndexFile key hashes in put order (§7.3:
+``topic#UNIQ_KEY`` then ``topic#token`` per KEYS token; ROLLBACK records get none).
+
+Properties are never decoded per record: :mod:`rmqstore.scan.properties` finds ``TAGS``, ``KEYS``,
+``UNIQ_KEY`` and ``DELAY`` and hashes their values for all records at once. Only values
+with non-ASCII bytes and delay-topic records take a per-record Python path; both are rare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..format import layout as L
+from ..format.rules import SCHEDULE_TOPIC, parse_delay_levels, tags_code
+from ..format.hashing import java_hash
+from .records import RecordColumns, columns, consistent, walk_chain, walk_range
+from .properties import PropertyIndex
+from ..format.hashing import index_hash_from, signed_int32, span_hash
+
+# --- one segment -----------------------------------------------------------------------
+
+
+@dataclass
+class SegmentDispatch:
+    """A segment's records as dispatch sees them, and how its valid chain ends."""
+
+    start: int  # segment start offset
+    limit: int  # readable bytes
+    chain_end: int  # absolute offset where the TOTALSIZE chain stopped
+    stop: str  # blank | end | zeros | bad magic | bad size | short (walk_chain reasons)
+    offset: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    size: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    consistent: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # §3.9 size rule
+    crc_ok: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    queue_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    queue_offset: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    physical_offset: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    sys_flag: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    store_timestamp: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    topics: list = field(default_factory=list)
+    topic_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    tags_code: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    key_record: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # record index
+    key_hash: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def __len__(self) -> int:
+        return len(self.offset)
+
+    @property
+    def cq_mask(self) -> np.ndarray:
+        """Records that get a ConsumeQueue unit: NOT_TYPE and COMMIT (spec §6.1)."""
+        tx = self.sys_flag & L.SYSFLAG_TRANSACTION_MASK
+        return (tx == L.TRANSACTION_NOT_TYPE) | (tx == L.TRANSACTION_COMMIT)
+
+
+def dispatch_records(cols: RecordColumns, delay_millis=None, *, keys: bool = True):
+    """(topics, topic ids, tagsCode, key record index, key hash) for ``cols``."""
+    n = len(cols)
+    z = np.zeros(0, np.int64)
+    if n == 0:
+        return [], z, z, z, z
+    u8 = cols.u8
+    names, tid = cols.topic_table()
+    segs = PropertyIndex(u8, cols.props_pos, cols.props_len)
+    tpos, tlen = segs.lookup(b"TAGS")
+    has = tpos >= 0
+    code = np.zeros(n, np.int64)
+    if has.any():
+        h, _ = span_hash(u8, tpos[has], tlen[has])
+        code[has] = signed_int32(h)
+    if SCHEDULE_TOPIC in names:
+        # Delivery time instead of the tag hash (spec §6.1); rare, so per record.
+        delay = delay_millis if delay_millis is not None else parse_delay_levels()
+        dpos, dlen = segs.lookup(b"DELAY")
+        sched = np.flatnonzero((tid == names.index(SCHEDULE_TOPIC)) & (dpos >= 0))
+        ts = cols.store_timestamp
+        for i in sched.tolist():
+            props = {"DELAY": u8[dpos[i]:dpos[i] + dlen[i]].tobytes().decode("utf-8", "replace")}
+            if has[i]:
+                props["TAGS"] = u8[tpos[i]:tpos[i] + tlen[i]].tobytes().decode("utf-8", "replace")
+            code[i] = tags_code(SCHEDULE_TOPIC, props, int(ts[i]), delay)
+    if not keys:
+        return names, tid, code, z, z
+    key_rec, key_hash = index_keys(cols, u8, segs, names, tid)
+    return names, tid, code, key_rec, key_hash
+
+
+def index_keys(cols: RecordColumns, u8, segs, names, tid):
+    """(record index, index hash) of every IndexFile put, in put order (spec §7.3)."""
+    upos, ulen = segs.lookup(b"UNIQ_KEY")
+    kpos, klen = segs.lookup(b"KEYS")
+    rollback = (cols.sys_flag & L.SYSFLAG_TRANSACTION_MASK) == L.TRANSACTION_ROLLBACK
+    ur = np.flatnonzero((upos >= 0) & ~rollback)
+    kr = np.flatnonzero((kpos >= 0) & ~rollback)
+    # A KEYS value without a space is one token: hash it whole (and learn which have one).
+    kh, kunits, spaced = span_hash(u8, kpos[kr], klen[kr], 0x20)
+    single = ~spaced
+    tok_rec, tok_h, tok_u = kr[single], kh[single], kunits[single]
+    if spaced.any():
+        # KEYS tokens: split the value on single spaces, dropping empty tokens.
+        sr = kr[spaced]
+        total = int(klen[sr].sum())
+        base = np.repeat(kpos[sr] - np.concatenate(([0], np.cumsum(klen[sr])[:-1])), klen[sr])
+        flat_pos = base + np.arange(total)
+        owner = np.repeat(sr, klen[sr])
+        sp = u8[flat_pos] == 0x20
+        starts_flag = np.ones(total, bool)
+        starts_flag[1:] = (owner[1:] != owner[:-1]) | sp[:-1]
+        starts_flag &= ~sp
+        st = np.flatnonzero(starts_flag)
+        brk = np.flatnonzero(sp | np.r_[owner[1:] != owner[:-1], True])
+        en = brk[np.searchsorted(brk, st, side="left")]
+        en = np.where(sp[en], en, en + 1)
+        h2, u2 = span_hash(u8, flat_pos[st], en - st)
+        tok_rec = np.concatenate([tok_rec, owner[st]])
+        tok_h = np.concatenate([tok_h, h2])
+        tok_u = np.concatenate([tok_u, u2])
+        order = np.argsort(tok_rec, kind="stable")  # tokens of one record stay in order
+        tok_rec, tok_h, tok_u = tok_rec[order], tok_h[order], tok_u[order]
+    if len(ur):
+        uh, uu = span_hash(u8, upos[ur], ulen[ur])
+        rec = np.concatenate([ur, tok_rec])
+        hs = np.concatenate([uh, tok_h])
+        us = np.concatenate([uu, tok_u])
+        if len(tok_rec):
+            # UNIQ_KEY comes before the KEYS tokens of its record (a stable merge).
+            order = np.argsort(rec, kind="stable")
+            rec, hs, us = rec[order], hs[order], us[order]
+    else:
+        rec, hs, us = tok_rec, tok_h, tok_u
+    if not len(rec):
+        return rec.astype(np.int64), np.zeros(0, np.int64)
+    th = np.array([java_hash(t) & 0xFFFFFFFF for t in names], np.uint32)
+    return rec, index_hash_from(th[tid[rec]], hs, us)
+
+
+def scan_segment(buf, start: int, limit: int, *, check_crc: bool = True) -> tuple[RecordColumns, int, str]:
+    """Records on the TOTALSIZE chain of one segment (magic and size sane), unfiltered."""
+    u8 = np.frombuffer(buf, dtype=np.uint8, count=limit) if limit else np.zeros(0, np.uint8)
+    starts, stop_pos, stop = walk_chain(buf, 0, limit)
+    return columns(u8, starts, start), start + stop_pos, stop
+
+
+def segment_dispatch(buf, start: int, limit: int, *, check_crc: bool = True,
+                     delay_millis=None, keys: bool = True) -> SegmentDispatch:
+    """Everything dispatch and verify need from one segment's bytes."""
+    cols, chain_end, stop = scan_segment(buf, start, limit)
+    return _fill(SegmentDispatch(start, limit, chain_end, stop), cols, check_crc,
+                 delay_millis, keys)
+
+
+def _fill(out: SegmentDispatch, cols: RecordColumns, check_crc: bool, delay_millis,
+          keys: bool) -> SegmentDispatch:
+    n = len(cols)
+    if n == 0:
+        return out
+    ok = consistent(cols)
+    out.consistent = ok
+    # Records after the first inconsistent one are not trusted for anything else.
+    good = int(np.argmin(ok)) if not ok.all() else n
+    out.crc_ok = np.ones(n, bool)
+    if check_crc and good:
+        out.crc_ok[:good] = cols.take(slice(0, good)).crc_ok()
+    out.offset = cols.offset
+    out.size = cols.size.astype(np.int64)
+    for name in ("queue_id", "queue_offset", "physical_offset", "sys_flag", "store_timestamp"):
+        setattr(out, name, getattr(cols, name))
+    sub = cols.take(slice(0, good)) if good < n else cols
+    names, tid, code, krec, khash = dispatch_records(sub, delay_millis, keys=keys)
+    out.topics = names
+    out.topic_id = np.concatenate([tid, np.full(n - good, -1, np.int64)]) if good < n else tid
+    out.tags_code = np.concatenate([code, np.zeros(n - good, np.int64)]) if good < n else code
+    out.key_record, out.key_hash = krec, khash
+    return out
+
+
+def dispatch_split(split, check_crc: bool = True, delay_millis=None, keys: bool = True):
+    """(boundary, dispatch data) of the records starting in one byte range of a segment
+    (:mod:`rmqstore.scan.splits`): a worker's task. The chain walk stops at the range end;
+    :func:`merge_splits` checks that consecutive ranges continue each other's chain."""
+    return split_dispatch(split, check_crc, delay_millis, keys, _pack)
+
+
+def split_dispatch(split, check_crc: bool, delay_millis, keys: bool, pack):
+    """(boundary, ``pack(SegmentDispatch)``) of one byte range of a segment."""
+    from .splits import Boundary, Window, resync
+
+    w = Window(split)
+    try:
+        base = split.file_start
+        if w.size == 0:
+            return (Boundary(split.split_id, 0, 0, "zeros", 0, True),
+                    pack(SegmentDispatch(base, 0, base, "zeros")))
+        forced = split.start is not None or split.begin == 0
+        first = (split.start if split.start is not None else split.begin) if forced \
+            else resync(w, split.begin, split.end)
+        if first is None:
+            starts, stop_pos, stop = np.zeros(0, np.int64), split.begin, "none"
+        else:
+            starts, stop_pos, stop = walk_range(w.buf, first, split.end, w.size)
+        u8 = np.frombuffer(w.buf, dtype=np.uint8, count=w.size)
+        out = SegmentDispatch(base, w.size, base + stop_pos, stop)
+        _fill(out, columns(u8, starts, base), check_crc, delay_millis, keys)
+        return Boundary(split.split_id, first, stop_pos, stop, len(starts), forced), pack(out)
+    finally:
+        w.close()
+
+
+# What a split's part carries back to the parent, narrowed: offsets follow from the sizes
+# (the chain is contiguous), PHYSICALOFFSET is sent only when it differs from them, and
+# 32-bit fields travel as 32-bit ints. Pickling is most of a worker's hand-over cost.
+_NARROW = {"size": np.int32, "queue_id": np.int32, "sys_flag": np.int32,
+           "topic_id": np.int32, "key_record": np.int32, "key_hash": np.int32}
+_WIDE = ("queue_offset", "store_timestamp", "tags_code", "consistent", "crc_ok")
+
+
+def _pack(p: SegmentDispatch) -> dict:
+    d = {"start": p.start, "limit": p.limit, "chain_end": p.chain_end, "stop": p.stop,
+         "topics": p.topics, "n": len(p), "first": int(p.offset[0]) if len(p) else 0}
+    for name, dt in _NARROW.items():
+        d[name] = getattr(p, name).astype(dt)
+    for name in _WIDE:
+        d[name] = getattr(p, name)
+    same = len(p) == 0 or bool((p.physical_offset == p.offset).all())
+    d["physical_offset"] = None if same else p.physical_offset
+    return d
+
+
+def _unpack(d: dict) -> SegmentDispatch:
+    out = SegmentDispatch(d["start"], d["limit"], d["chain_end"], d["stop"])
+    n = d["n"]
+    if not n:
+        return out
+    size = d["size"].astype(np.int64)
+    off = np.empty(n, np.int64)
+    off[0] = d["first"]
+    np.cumsum(size[:-1], out=off[1:])
+    off[1:] += d["first"]
+    out.offset, out.size = off, size
+    for name in _NARROW:
+        if name != "size":  # 32-bit fields stay 32-bit: every consumer widens as needed
+            setattr(out, name, d[name])
+    for name in _WIDE:
+        setattr(out, name, d[name])
+    phy = d["physical_offset"]
+    out.physical_offset = off if phy is None else phy
+    out.topics = d["topics"]
+    return out
+
+
+_PART_FIELDS = ("offset", "size", "consistent", "crc_ok", "queue_id", "queue_offset",
+                "physical_offset", "sys_flag", "store_timestamp", "tags_code")
+
+
+def merge_splits(parts: list[SegmentDispatch]) -> SegmentDispatch:
+    """One segment's :class:`SegmentDispatch` from its ranges' parts, in order (the last
+    one says where and why the chain stopped)."""
+    parts = [_unpack(p) if isinstance(p, dict) else p for p in parts]
+    last = parts[-1]
+    out = SegmentDispatch(parts[0].start, last.limit, last.chain_end, last.stop)
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return out
+    for name in _PART_FIELDS:
+        setattr(out, name, np.concatenate([getattr(p, name) for p in parts]))
+    topics: dict[str, int] = {}
+    tids, krecs, khashes = [], [], []
+    base = 0
+    for p in parts:
+        remap = np.array([topics.setdefault(t, len(topics)) for t in p.topics] + [-1], np.int64)
+        tids.append(remap[p.topic_id])  # -1 (untrusted) maps to the trailing -1
+        krecs.append(p.key_record + base)
+        khashes.append(p.key_hash)
+        base += len(p)
+    out.topics = list(topics)
+    out.topic_id = np.concatenate(tids)
+    out.key_record = np.concatenate(krecs)
+    out.key_hash = np.concatenate(khashes)
+    n = len(out)
+    if not out.consistent.all():
+        # As for one whole segment: nothing after the first inconsistent record is trusted.
+        good = int(np.argmin(out.consistent))
+        out.crc_ok[good:] = True
+        out.topic_id[good:] = -1
+        out.tags_code[good:] = 0
+        keep = out.key_record < good
+        out.key_record, out.key_hash = out.key_record[keep], out.key_hash[keep]
+    assert len(out.topic_id) == n
+    return out
+
+
+def dispatch_file(path: str, start: int, limit: int, check_crc: bool = True,
+                  delay_millis=None, keys: bool = True) -> SegmentDispatch:
+    """:func:`segment_dispatch` of a segment file, opened read-only (a worker's task)."""
+    import os
+
+    from ..files.mapped import map_read
+
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        limit = min(limit, size)
+        if limit <= 0:
+            return SegmentDispatch(start, 0, start, "zeros")
+        mm = map_read(f.fileno(), 0, path)  # holes read as zeros, never a bus error
+        try:
+            return segment_dispatch(mm, start, limit, check_crc=check_crc,
+                                    delay_millis=delay_millis, keys=keys)
+        finally:
+            try:
+                mm.close()
+            except BufferError:
+                pass  # numpy views are gone with the result; the map closes with them
+
+
+# --- the whole CommitLog ------------------------------------------------------------------
+
+
+@dataclass
+class StoreScan:
+    """Every segment's dispatch data, and where valid data ends for the whole log.
+
+    ``kept[i]`` is how many leading records of ``parts[i]`` are valid. Valid means on the
+    TOTALSIZE chain from the first segment, passing the §3.9 size rule, and not part of a
+    trailing run of records whose body fails its CRC (a torn tail, spec §10.5). A record
+    whose body fails its CRC but is followed by valid records stays (``damaged``): the
+    broker's recovery would cut the log there and lose everything after it.
+    """
+
+    parts: list[SegmentDispatch]
+    kept: list[int]
+    end: int  # first byte after valid data
+    end_segment: int  # index of the segment holding ``end`` (-1: no segments)
+    reason: str  # why valid data stops: blank/end (the last segment), zeros, torn, gap, ...
+    damaged: list[int]  # offsets of kept records whose body fails its CRC
+
+    def records(self, field_name: str) -> np.ndarray:
+        arrs = [getattr(p, field_name)[:k] for p, k in zip(self.parts, self.kept)]
+        return np.concatenate(arrs) if arrs else np.zeros(0, np.int64)
+
+    @property
+    def count(self) -> int:
+        return sum(self.kept)
+
+
+def store_scan(parts: list[SegmentDispatch], segment_size: int) -> StoreScan:
+    """Walk the per-segment results in order, as recovery's shared scan does (§10.1)."""
+    kept = [0] * len(parts)
+    damaged: list[int] = []
+    if not parts:
+        return StoreScan(parts, kept, 0, -1, "no segments", damaged)
+    end, end_seg, reason = parts[0].start, 0, ""
+    for i, p in enumerate(parts):
+        reason = ""
+        if i and p.start != parts[i - 1].start + segment_size:
+            reason = "gap"
+            break
+        n = len(p)
+        good = int(np.argmin(p.consistent)) if n and not p.consistent.all() else n
+        bad_crc = np.flatnonzero(~p.crc_ok[:good])
+        full = p.stop in ("blank", "end") and good == n and p.limit == segment_size
+        if not full and len(bad_crc):
+            # A run of CRC failures right before the end of the chain is a torn tail.
+            k = good
+            while k > 0 and not p.crc_ok[k - 1]:
+                k -= 1
+            if k < good:
+                good = k
+                bad_crc = bad_crc[bad_crc < good]
+                reason = "torn"
+        damaged.extend(p.offset[bad_crc].tolist())
+        kept[i] = good
+        end_seg = i
+        if good < n:
+            end = int(p.offset[good])
+            reason = reason or "torn"
+            break
+        if full:
+            end = p.start + segment_size if p.stop == "blank" else p.chain_end
+            reason = p.stop
+            continue
+        end = int(p.offset[good - 1] + p.size[good - 1]) if good else p.start
+        if reason != "torn":
+            reason = p.stop if p.limit == segment_size else "short file"
+        break
+    return StoreScan(parts, kept, end, end_seg, reason, damaged)

@@ -1,0 +1,222 @@
+"""Rebuild's scan: each byte range's ConsumeQueue units grouped per queue by the worker.
+
+``verify`` needs every field of every record, merged per segment
+(:func:`rmqstore.recovery.rebuild.scan_commitlog`). A rebuild needs only what dispatch writes, so
+here a worker hands back, for its range:
+
+- what decides validity (sizes, the §3.9 size rule, CRC results), from which the parent
+  finds the end of valid data exactly as :func:`~rmqstore.scan.dispatch.store_scan` does;
+- its CQ units grouped per queue (a stable sort on a small key keeps CommitLog order
+  within each queue), with the record each came from, so a cut is a binary search;
+- its index puts (hash, PHYSICALOFFSET, STORETIMESTAMP) in put order.
+
+The parent joins each queue's groups range by range: no whole-log columns are merged,
+sorted or gathered in the one process that runs alone after the workers finish.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..format import layout as L
+from .parallel import arena
+from .dispatch import SegmentDispatch, split_dispatch, store_scan
+
+
+def grouped_split(split, check_crc: bool = True, delay_millis=None, keys: bool = True,
+                  arena_key: int | None = None) -> tuple:
+    """A worker's task: (boundary, grouped part) of one byte range; with ``arena_key``,
+    the part's arrays are left in that shared :class:`~rmqstore.scan.parallel.Arena`."""
+    b, d = split_dispatch(split, check_crc, delay_millis, keys, pack_grouped)
+    shared = arena(arena_key)
+    return b, (shared.put(split.split_id, d) if shared is not None else d)
+
+
+def pack_grouped(p: SegmentDispatch) -> dict:
+    """What a rebuild needs of one range's records (see the module docstring).
+
+    The hand-over is pickled through a pipe, which costs about as much per byte as the
+    scan itself, so it is kept small: what follows from the sizes (each record's offset,
+    a unit's size, PHYSICALOFFSET while it equals the offset) is left out and recomputed
+    by :func:`units` and :func:`keys`; all-true flags, queue offsets that count up by one
+    in every group, 32-bit tags codes and timestamps close together travel compressed."""
+    n = len(p)
+    d = {"start": p.start, "limit": p.limit, "chain_end": p.chain_end, "stop": p.stop,
+         "n": n, "first": int(p.offset[0]) if n else 0, "size": p.size.astype(np.int32),
+         "consistent": None if p.consistent.all() else p.consistent,
+         "crc_ok": None if p.crc_ok.all() else p.crc_ok, "groups": []}
+    z32, z64 = np.zeros(0, np.int32), np.zeros(0, np.int64)
+    d.update(rec=z32, qo=None, qo_dense=False, phy=None, tags=z32,
+             key_rec=z32, key_hash=z32, key_phy=None, key_ts=z64, key_ts0=0)
+    if not n:
+        return d
+    good = n if p.consistent.all() else int(np.argmin(p.consistent))
+    same = bool((p.physical_offset[:good] == p.offset[:good]).all())
+    tx = p.sys_flag[:good] & L.SYSFLAG_TRANSACTION_MASK
+    cq = np.flatnonzero((tx == L.TRANSACTION_NOT_TYPE) | (tx == L.TRANSACTION_COMMIT))
+    if len(cq):
+        qid = p.queue_id[cq].astype(np.int64)  # int32 ids minus the smallest can overflow
+        qmin = int(qid.min())
+        span = int(qid.max()) - qmin + 1
+        nkeys = len(p.topics) * span
+        key = p.topic_id[cq].astype(np.int64) * span + (qid - qmin)
+        # A small key sorts by radix, and stably: CommitLog order is kept per queue.
+        key = key.astype(np.int16 if nkeys < 2**15 else np.int64)
+        order = np.argsort(key, kind="stable")
+        ks = key[order]
+        cuts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1], True])
+        for k, a, b in zip(ks[cuts[:-1]].tolist(), cuts[:-1].tolist(), cuts[1:].tolist()):
+            t, q = divmod(k, span)
+            d["groups"].append((p.topics[t], q + qmin, a, b))
+        rec = cq[order]
+        qo, tags = p.queue_offset[rec], p.tags_code[rec]
+        step = np.ones(len(qo), bool)
+        step[1:] = qo[1:] == qo[:-1] + 1
+        step[cuts[:-1]] = True
+        d.update(rec=rec.astype(np.int32),
+                 qo=qo[cuts[:-1]] if step.all() else qo, qo_dense=bool(step.all()),
+                 phy=None if same else p.physical_offset[rec],
+                 tags=tags.astype(np.int32) if _fits32(tags) else tags)
+    kr = p.key_record
+    if len(kr):
+        ts = p.store_timestamp[kr]
+        ts0 = int(ts.min())
+        delta = ts - ts0
+        d.update(key_rec=kr.astype(np.int32), key_hash=p.key_hash.astype(np.int32),
+                 key_phy=None if same else p.physical_offset[kr],
+                 key_ts=delta.astype(np.int32) if _fits32(delta) else ts,
+                 key_ts0=ts0 if _fits32(delta) else 0)
+    return d
+
+
+def _fits32(a: np.ndarray) -> bool:
+    return not len(a) or (int(a.min()) >= -2**31 and int(a.max()) < 2**31)
+
+
+def record_offsets(d: dict) -> np.ndarray:
+    """CommitLog offset of each record of a grouped part (the chain is contiguous)."""
+    off = d.get("_offsets")
+    if off is None:
+        size = d["size"]
+        off = np.empty(len(size), np.int64)
+        if len(size):
+            off[0] = d["first"]
+            np.cumsum(size[:-1], out=off[1:])
+            off[1:] += d["first"]
+        d["_offsets"] = off
+    return off
+
+
+def units(d: dict, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(PHYSICALOFFSET, size, tagsCode) of a grouped part's units ``a:b``."""
+    rec = d["rec"][a:b]
+    phy = record_offsets(d)[rec] if d["phy"] is None else d["phy"][a:b]
+    return phy, d["size"][rec], d["tags"][a:b]
+
+
+def keys(d: dict, i: int, j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(index hash, PHYSICALOFFSET, STORETIMESTAMP) of a grouped part's puts ``i:j``."""
+    kr = d["key_rec"][i:j]
+    phy = record_offsets(d)[kr] if d["key_phy"] is None else d["key_phy"][i:j]
+    return d["key_hash"][i:j], phy, d["key_ts"][i:j].astype(np.int64) + d["key_ts0"]
+
+
+def flags(d: dict, name: str) -> np.ndarray:
+    """``consistent`` or ``crc_ok`` of every record (sent only when not all true)."""
+    v = d[name]
+    return np.ones(d["n"], bool) if v is None else v
+
+
+def _validity(chain: list[dict]) -> SegmentDispatch:
+    """One segment's record offsets, sizes, size-rule and CRC results from its ranges."""
+    last = chain[-1]
+    out = SegmentDispatch(chain[0]["start"], last["limit"], last["chain_end"], last["stop"])
+    parts = [d for d in chain if d["n"]]
+    if not parts:
+        return out
+    out.size = np.concatenate([d["size"] for d in parts]).astype(np.int64)
+    out.offset = np.concatenate([record_offsets(d) for d in parts])
+    out.consistent = np.concatenate([flags(d, "consistent") for d in parts])
+    out.crc_ok = np.concatenate([flags(d, "crc_ok") for d in parts])
+    if not out.consistent.all():
+        out.crc_ok[int(np.argmin(out.consistent)):] = True  # untrusted: as merge_splits
+    return out
+
+
+def grouped_dispatch(chains: list[list[dict]], segment_size: int, from_offset: int = 0,
+                     index_from: int | None = None, *, store_timestamp_at=None,
+                     join: bool = True):
+    """(StoreScan with validity fields only, Dispatched for the CQ, Dispatched for the
+    index): what :func:`rmqstore.recovery.rebuild.dispatched` gives, from grouped parts. The index
+    one starts at ``index_from`` (default ``from_offset``). ``store_timestamp_at(offset)``
+    reads one record's STORETIMESTAMP (for ``last_cq_timestamp``; 0 without it). Without
+    ``join`` the units and puts are counted (``unit_count``, ``key_count``), not gathered."""
+    from ..recovery.rebuild import Dispatched
+
+    scan = store_scan([_validity(c) for c in chains], segment_size)
+    cq, ix = Dispatched(), Dispatched()
+    index_from = from_offset if index_from is None else index_from
+    per_queue: dict[tuple[str, int], list] = {}
+    puts = []
+    last_cq = -1  # offset of the last record given a unit
+    for p, k, chain in zip(scan.parts, scan.kept, chains):
+        if not k:
+            continue
+        a_cq = int(np.searchsorted(p.offset[:k], from_offset)) if from_offset else 0
+        a_ix = int(np.searchsorted(p.offset[:k], index_from)) if index_from else 0
+        for out, a in ((cq, a_cq), (ix, a_ix)):
+            if a < k:
+                out.messages += k - a
+                out.bytes += int(p.size[a:k].sum())
+        base = 0
+        for d in chain:
+            n = d["n"]
+            hi = min(k - base, n)
+            lo_cq, lo_ix = max(a_cq - base, 0), max(a_ix - base, 0)
+            if hi > lo_cq:
+                last, count = _join_units(d, lo_cq, hi, n, per_queue if join else None, base, p)
+                last_cq = max(last_cq, last)
+                cq.unit_count += count
+            if hi > lo_ix and len(d["key_rec"]):
+                kr = d["key_rec"]
+                i = int(np.searchsorted(kr, lo_ix)) if lo_ix else 0
+                j = int(np.searchsorted(kr, hi)) if hi < n else len(kr)
+                if j > i:
+                    ix.key_count += j - i
+                    if join:
+                        puts.append(keys(d, i, j))
+            base += n
+            if base >= k:
+                break
+    cq.units = {key: tuple(np.concatenate(c) if len(c) > 1 else c[0] for c in zip(*parts))
+                for key, parts in per_queue.items()}
+    if last_cq >= 0 and store_timestamp_at is not None:
+        cq.last_cq_timestamp = store_timestamp_at(last_cq)
+    if puts:
+        h, phy, ts = (np.concatenate(c) for c in zip(*puts))
+        ix.key_hash, ix.key_offset, ix.key_timestamp = h.astype(np.int64), phy, ts
+    return scan, cq, ix
+
+
+def _join_units(d: dict, lo: int, hi: int, n: int, per_queue: dict | None, base: int,
+                seg: SegmentDispatch) -> tuple[int, int]:
+    """Append the units of records ``lo <= rec < hi`` of one range to their queues (only
+    count them without ``per_queue``); returns (CommitLog offset of the last of them or
+    -1, how many)."""
+    rec, qo, dense = d["rec"], d["qo"], d["qo_dense"]
+    best, count = -1, 0
+    whole = lo == 0 and hi == n
+    for g, (topic, qid, a, b) in enumerate(d["groups"]):
+        a0 = a
+        if not whole:
+            r = rec[a:b]
+            a, b = a + int(np.searchsorted(r, lo)), a + int(np.searchsorted(r, hi))
+            if b <= a:
+                continue
+        count += b - a
+        best = max(best, int(rec[b - 1]))
+        if per_queue is None:
+            continue
+        q = np.arange(qo[g] + a - a0, qo[g] + b - a0, dtype=np.int64) if dense else qo[a:b]
+        per_queue.setdefault((topic, qid), []).append((q, *units(d, a, b)))
+    return (int(seg.offset[base + best]) if best >= 0 else -1), count
