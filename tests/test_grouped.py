@@ -14,7 +14,8 @@ import test_faults as faults
 from conftest import ROCKETMQ_498, SCENARIOS, scenario_params
 from rmqstore.files.config import load_config
 from rmqstore.scan.per_queue import grouped_dispatch, grouped_split
-from rmqstore.recovery.rebuild import dispatched, scan_chains, scan_commitlog, store_timestamp_at
+from rmqstore.scan.per_queue import dispatched
+from rmqstore.scan.runner import scan_chains, scan_commitlog, store_timestamp_at
 
 
 def _both(cfg, from_offset: int, index_from: int, split_size: int):

@@ -195,17 +195,17 @@ def test_parts_through_shared_memory_equal_parts_through_pipes(tmp_path, monkeyp
     import numpy as np
 
     import rmqstore.scan.parallel as par
-    import rmqstore.recovery.rebuild as rb
+    import rmqstore.scan.runner as runner
     import test_faults as faults
     from rmqstore.scan.per_queue import grouped_split
 
     store = faults.make_store(tmp_path / "s", seed=6, count=900)
     cfg = load_config(store)
-    monkeypatch.setattr(rb, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(runner, "PARALLEL_MIN_BYTES", 0)
     task = functools.partial(grouped_split, delay_millis=cfg.delay_millis)
-    piped = rb.scan_chains(cfg, task, processes=2, split_size=1 << 15)
+    piped = runner.scan_chains(cfg, task, processes=2, split_size=1 << 15)
     monkeypatch.setattr(par.Arena, "MIN_BYTES", 1)
-    shared = rb.scan_chains(cfg, task, processes=2, split_size=1 << 15, shared=0.2)
+    shared = runner.scan_chains(cfg, task, processes=2, split_size=1 << 15, shared=0.2)
     assert len(piped) == len(shared) > 1
     in_arena = 0
     for a_chain, b_chain in zip(piped, shared):

@@ -26,7 +26,7 @@ def test_public_names_resolve_to_the_library_objects():
     import rmqstore.rebuild as rb
 
     assert rmqstore.rebuild is rb and rb.rebuild is sys.modules["rmqstore.rebuild"].rebuild
-    assert hasattr(rb, "scan_commitlog")
+    assert hasattr(rb, "SCRATCH_PREFIX")
     assert callable(rmqstore.verify) and callable(rmqstore.rebuild)
     report = rmqstore.verify(REPO / "samples" / "multi-segment")
     assert report.ok and report.messages == 600

@@ -35,7 +35,7 @@ from .dispatch import DEFER_BYTES, BackgroundDispatcher, Dispatcher
 from ..errors import NotAStoreError, OffsetError, RecordError, RefusedError, StoreIOError
 from .flush import FlushService, TransientPool
 from ..files.index import IndexGeometry, IndexService, recover_unfinished
-from ..recovery.guard import Survivors
+from ..scan.survivors import Survivors
 from .logics_flush import LogicsFlushService
 from .reput import keys_behind, queue_state
 from ..files.segments import SegmentQueue
@@ -69,7 +69,7 @@ class MessageStore:
         self._halt = False  # closed, or broken: put checks this one flag
         self._broken: BaseException | None = None  # see _failed
         try:
-            from ..recovery.journal import refuse_if_unfinished
+            from ..files.repair_marker import refuse_if_unfinished
 
             refuse_if_unfinished(self.root, "writing")
             self._open(dispatch, clock)
@@ -244,7 +244,7 @@ class MessageStore:
           after a crash: :func:`~rmqstore.engine.append.clear_unfinished_append`);
         * IndexFiles this geometry cannot open.
         """
-        from ..recovery.guard import find_survivors
+        from ..scan.survivors import find_survivors
 
         cfg = self.config
         bad = [p for p in queue.problems if p.code in ("wrong-size", "misaligned", "gap")]

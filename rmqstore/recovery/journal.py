@@ -59,15 +59,14 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import RefusedError, RmqStoreError, StoreIOError, UnsafePathError
+from ..files.repair_marker import MARKER, read_marker
 from ..files.sparse import copy_range, copy_tree, fsync_dir, fsync_tree, remove_tree
 
 FORMAT = "rmqstore-repair-journal/1"
-MARKER = ".rmqstore-repair"
 INTERNAL = ".rmqstore-repair.d"
 MANIFEST = "manifest.json"
 JOURNAL = "journal.jsonl"
 _RESERVED = {MANIFEST, JOURNAL}
-_MARKER_MAX = 1 << 16
 CHUNK = 1 << 20
 
 
@@ -169,26 +168,6 @@ def write_marker(root: Path, jdir: Path, operation: str) -> None:
         fsync_dir(root)
     except OSError as e:
         raise _io("write the repair marker", root / MARKER, e) from None
-
-
-def read_marker(root: Path) -> dict | None:
-    """The marker of an unfinished repair or restore, or None."""
-    p = Path(root) / MARKER
-    if not os.path.lexists(p):
-        return None
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            doc = json.loads(os.read(fd, _MARKER_MAX))
-        finally:
-            os.close(fd)
-        if not isinstance(doc, dict) or not isinstance(doc.get("journal"), str):
-            raise ValueError("no journal named")
-    except (OSError, ValueError) as e:
-        raise RefusedError(f"unreadable marker of an unfinished rmqstore repair ({e}); look for "
-                           "its backup beside the store, then remove this file to repair from "
-                           "the store as it is", p) from None
-    return doc
 
 
 def remove_marker(root: Path) -> None:
@@ -625,17 +604,6 @@ def find_interrupted(root: str | os.PathLike) -> Interrupted | None:
     if marker is None:
         return None
     return _interrupted(marker, _state_for(root, marker))
-
-
-def refuse_if_unfinished(root: str | os.PathLike, command: str) -> None:
-    """For writers other than repair and restore (under the store lock): a half-done
-    repair must be finished or undone first, or its undo would mix with their writes."""
-    marker = read_marker(Path(root))
-    if marker is not None:
-        raise RefusedError(f"an rmqstore {marker.get('operation', 'repair')} of this store did "
-                           f"not finish (journal {marker['journal']}); {command} would change "
-                           "what it may still undo: run `rmqstore repair` to finish it first",
-                           Path(root) / MARKER)
 
 
 def _state_for(root: Path, marker: dict) -> JournalState:

@@ -1,16 +1,17 @@
 """Rebuild ConsumeQueue and IndexFile from the CommitLog (re-dispatch, spec §9).
 
 ``rebuild(root)`` scans the CommitLog in parallel worker processes, each segment cut into
-32 MiB byte ranges (:func:`scan_chains` over :mod:`rmqstore.scan.splits`: resync, chain, §3.9
-size rule, body CRC, tagsCode and index key hashes, all vectorised in
+32 MiB byte ranges (:func:`rmqstore.scan.runner.scan_chains` over
+:mod:`rmqstore.scan.splits`: resync, chain, §3.9 size rule, body CRC, tagsCode and index key hashes, all vectorised in
 :mod:`rmqstore.scan.dispatch`; a range that does not continue the previous one's chain is
 re-read from where the chain says). Each worker hands back its range's units already
-grouped per queue (:mod:`rmqstore.scan.per_queue`), and as the ranges join the chain, in order,
-the parent writes their units and index puts into new files in a scratch directory
-*inside* the store (:mod:`rmqstore.recovery.rebuild_writers`), with the same bytes as the broker's dispatch.
-When the end of valid data is known, the files are kept if they hold exactly the valid
-records' units and puts, else written again in bulk
-(:func:`~rmqstore.files.consumequeue.build_consume_queue`, :func:`~rmqstore.files.index.build_index`).
+grouped per queue (:mod:`rmqstore.scan.per_queue`), and as the ranges join the chain, in
+order, the parent writes their units and index puts into new files in a scratch directory
+*inside* the store (:mod:`rmqstore.recovery.rebuild_writers`), with the same bytes as the
+broker's dispatch. When the end of valid data is known, the files are kept if they hold
+exactly the valid records' units and puts, else written again in bulk
+(:func:`~rmqstore.files.consumequeue.build_consume_queue`,
+:func:`~rmqstore.files.index.build_index`).
 The new directories are then swapped in by rename: until the swap the old files are
 untouched, so a crash mid-rebuild leaves a usable store (and a scratch directory that
 ``verify`` reports and ``repair`` removes).
@@ -19,8 +20,8 @@ With ``from_offset`` only records at or after it are re-dispatched: ConsumeQueue
 pointing there or later are cut first, and index files that reach it are rebuilt from the
 end of the last index file before it (the §7.3 ``offset < endPhyOffset`` skip applies).
 
-``verify`` uses :func:`scan_commitlog`: the same workers, handing back every field of
-every record, merged per segment.
+``verify`` uses :func:`rmqstore.scan.runner.scan_commitlog`: the same workers, handing back
+every field of every record, merged per segment.
 """
 
 from __future__ import annotations
@@ -30,9 +31,8 @@ import functools
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -46,212 +46,18 @@ from ..files.index import IndexFile, IndexGeometry, IndexService, _list_index_fi
 from ..files.listing import entries, offset_name
 from .rebuild_writers import Live, finish_index
 from ..files.names import is_safe_topic, queue_dir, shown, topic_problem
-from ..scan.parallel import Arena, Child, Done, pool_map
-from ..scan.per_queue import grouped_dispatch, grouped_split
-from ..scan.dispatch import StoreScan, store_scan
+from ..scan.parallel import Child, Done
+from ..scan.per_queue import Dispatched, grouped_dispatch, grouped_split
+from ..scan.dispatch import StoreScan
+from ..scan.runner import Progress, scan_chains, store_timestamp_at
 from ..files.segments import SegmentQueue
 
 SCRATCH_PREFIX = ".rmqstore-rebuild-"
-#: Below this many CommitLog bytes the scan stays in this process (forking costs more).
-PARALLEL_MIN_BYTES = 32 * 1024 * 1024
-#: Shared memory for workers' results, at most (beyond it they come through pipes).
-ARENA_MAX = 4 << 30
 #: Shared memory reserved per byte of CommitLog for a grouped part (~24 bytes a record
 #: of at least 91 bytes, plus room for records with many keys).
 GROUPED_SHARE = 0.4
 #: From this many index puts on, the IndexFiles are built in a child beside the queues.
 PARALLEL_MIN_KEYS = 200_000
-
-Progress = Callable[[int, int], None]
-
-
-#: Byte ranges a segment is cut into, so one big segment is scanned on every core.
-SPLIT_SIZE = 32 * 1024 * 1024
-
-
-def _splits(queue: SegmentQueue, config: StoreConfig, split_size: int):
-    from ..scan.splits import Split
-
-    out = []
-    max_record = config.max_message_size + 65536
-    for fi, s in enumerate(queue.segments):
-        readable = s.readable_size
-        for b in (range(0, readable, split_size) if readable > 0 else [0]):
-            out.append(Split(len(out), "", str(s.path), fi, s.start, max(readable, 0),
-                             queue.segment_size, b, min(b + split_size, max(readable, 0)),
-                             max_record))
-    return out
-
-
-def scan_commitlog(config: StoreConfig, *, check_crc: bool = True, keys: bool = True,
-                   processes: int | None = None, progress: Progress | None = None,
-                   queue: SegmentQueue | None = None, split_size: int | None = None) -> StoreScan:
-    """Dispatch data of every CommitLog segment, merged in order. Each segment is cut into
-    byte ranges (:mod:`rmqstore.scan.splits`) scanned in parallel; a range whose resync does
-    not continue the previous range's chain is scanned again from where the chain says
-    (so the result is exactly a sequential walk of each segment)."""
-    from ..scan.dispatch import dispatch_split, merge_splits
-
-    task = functools.partial(dispatch_split, check_crc=check_crc,
-                             delay_millis=config.delay_millis, keys=keys)
-    chains = scan_chains(config, task, processes=processes, progress=progress, queue=queue,
-                         split_size=split_size)
-    return store_scan([merge_splits(c) for c in chains], config.mapped_file_size_commit_log)
-
-
-def scan_chains(config: StoreConfig, task, *, processes: int | None = None,
-                progress: Progress | None = None, queue: SegmentQueue | None = None,
-                split_size: int | None = None, on_part=None,
-                shared: float | None = None) -> list[list]:
-    """Per segment, the parts ``task`` made of its byte ranges along the record chain, in
-    order (``task(split)`` gives ``(Boundary, part)``; ranges run in parallel).
-    ``on_part(segment index, part)`` sees each part as soon as it is known to be on the
-    chain, in order, while later ranges are still being scanned.
-
-    With ``shared`` (bytes of a part per byte of range), parallel tasks get an
-    ``arena_key`` and leave their parts' arrays in shared memory (:class:`Arena`),
-    which is read without copies; stores too big for one arena fall back to pipes."""
-    own = queue is None
-    queue = queue or SegmentQueue(config.commit_log_dirs, config.mapped_file_size_commit_log,
-                                  kind="commitlog")
-    shelf = None
-    try:
-        size = split_size or SPLIT_SIZE
-        splits = _splits(queue, config, size)
-        total = sum(s.end - s.begin for s in splits)
-        workers = processes if processes is not None else (os.cpu_count() or 1)
-        receive = None
-        if workers > 1 and len(splits) > 1 and total >= PARALLEL_MIN_BYTES:
-            if shared and len(splits) * size * shared <= ARENA_MAX:
-                shelf = Arena(len(splits), int(size * shared)).__enter__()
-                task, receive = functools.partial(task, arena_key=shelf.key), shelf.get
-            it = pool_map(task, splits, min(workers, len(splits)))
-        else:
-            it = map(task, splits)
-        chains: list[list] = []
-        chain: list | None = None
-        done, file_index = 0, None
-        expected: int | None = 0
-        # Splits come in segment order, then byte order: each segment's chain is stitched
-        # as its ranges' results arrive.
-        for s, (b, part) in zip(splits, it):
-            done += s.end - s.begin
-            if progress:
-                progress(done, total)
-            if s.file_index != file_index:
-                if chain is not None:
-                    chains.append(chain)
-                file_index, chain, expected = s.file_index, [], 0
-            if expected is None or expected >= s.end and chain:
-                continue  # past the chain's end, or inside one record spanning the range
-            if b.first != expected:
-                b, part = task(s.with_start(expected))
-            if receive is not None:
-                part = receive(part)
-            chain.append(part)
-            if on_part is not None:
-                on_part(len(chains), part)
-            expected = b.chain_end if b.stop == "range" else None
-        if chain is not None:
-            chains.append(chain)
-        return chains
-    finally:
-        if shelf is not None:
-            shelf.__exit__()
-        if own:
-            queue.close()
-
-
-def store_timestamp_at(config: StoreConfig) -> Callable[[int], int]:
-    """A reader of one record's STORETIMESTAMP by CommitLog offset."""
-    def at(offset: int) -> int:
-        from ..files.commitlog import CommitLog
-
-        with CommitLog(config) as log:
-            return log.read_at(offset).store_timestamp
-    return at
-
-
-# --- what dispatch writes, as arrays ------------------------------------------------------
-
-
-@dataclass
-class Dispatched:
-    """Valid records' CQ units per queue and index puts, in CommitLog order."""
-
-    units: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
-    key_hash: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    key_offset: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    key_timestamp: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    messages: int = 0
-    bytes: int = 0
-    last_cq_timestamp: int = 0  # store time of the last record given a CQ unit (§8.1)
-    unit_count: int = 0  # units in ``units`` (set even when they were only counted)
-    key_count: int = 0  # index puts (likewise)
-
-
-def dispatched(scan: StoreScan, from_offset: int = 0) -> Dispatched:
-    """Group the scan's valid records into per-queue units and index puts (spec §6.1, §7.3)."""
-    out = Dispatched()
-    topic_ids: dict[str, int] = {}
-    rec_parts, key_parts = [], []
-    for p, k in zip(scan.parts, scan.kept):
-        if not k:
-            continue
-        gid = np.array([topic_ids.setdefault(t, len(topic_ids)) for t in p.topics] or [0], np.int32)
-        # Offsets increase within a segment: the records at or after ``from_offset`` are
-        # a suffix, so plain slices (no fancy indexing) select them.
-        a = int(np.searchsorted(p.offset[:k], from_offset)) if from_offset else 0
-        if a >= k:
-            continue
-        sel = slice(a, k)
-        tx = p.sys_flag[sel] & L.SYSFLAG_TRANSACTION_MASK
-        cq = (tx == L.TRANSACTION_NOT_TYPE) | (tx == L.TRANSACTION_COMMIT)
-        rec_parts.append((gid[p.topic_id[sel]], p.queue_id[sel], p.queue_offset[sel],
-                          p.physical_offset[sel], p.size[sel], p.tags_code[sel], cq,
-                          p.store_timestamp[sel]))
-        kr, kh = p.key_record, p.key_hash
-        if len(kr) and (kr[0] < a or kr[-1] >= k):
-            km = (kr >= a) & (kr < k)  # key records are in record order
-            kr, kh = kr[km], kh[km]
-        # Index entries use the stored PHYSICALOFFSET and STORETIMESTAMP (spec §7.3).
-        key_parts.append((kh, p.physical_offset[kr], p.store_timestamp[kr]))
-        out.messages += k - a
-        out.bytes += int(p.size[sel].sum())
-    if rec_parts:
-        tid, qid, qo, phy, size, tags, cq, ts = (np.concatenate(c) for c in zip(*rec_parts))
-        if not cq.all():
-            tid, qid, qo, phy, size, tags, ts = (x[cq] for x in (tid, qid, qo, phy, size, tags, ts))
-        out.last_cq_timestamp = int(ts[-1]) if len(ts) else 0
-        if len(tid):
-            qid = qid.astype(np.int64)  # int32 ids minus the smallest can overflow int32
-            qmin = int(qid.min())
-            span = int(qid.max()) - qmin + 1
-            key = tid.astype(np.int64) * span + (qid - qmin)
-            nkeys = len(topic_ids) * span
-            # A small key range sorts by radix (stable: CommitLog order kept per queue).
-            key = key.astype(np.int16 if nkeys < 2**15 else np.int32 if nkeys < 2**31 else np.int64)
-            order = np.argsort(key, kind="stable")
-            counts = np.bincount(key, minlength=nkeys) if nkeys < 2**24 else None
-            qo, phy, size, tags = qo[order], phy[order], size[order], tags[order]
-            if counts is not None:
-                ids = np.flatnonzero(counts)
-                ends = np.cumsum(counts)[ids]
-                begins = ends - counts[ids]
-            else:
-                ks = key[order]
-                cuts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1], True])
-                ids, begins, ends = ks[cuts[:-1]], cuts[:-1], cuts[1:]
-            by_id = {v: t for t, v in topic_ids.items()}
-            for kid, a, b in zip(ids.tolist(), begins.tolist(), ends.tolist()):
-                t, q = divmod(int(kid), span)
-                out.units[by_id[t], q + qmin] = (qo[a:b], phy[a:b], size[a:b], tags[a:b])
-    if key_parts:
-        out.key_hash, out.key_offset, out.key_timestamp = (np.concatenate(c) for c in zip(*key_parts))
-    out.unit_count = sum(len(u[0]) for u in out.units.values())
-    out.key_count = len(out.key_hash)
-    return out
-
 
 def unsafe_topics(scan: StoreScan) -> list[tuple[str, int]]:
     """(topic, CommitLog offset of its first record) of each topic that cannot be a
@@ -299,7 +105,8 @@ def _refuse_unit_loss(root: Path, cfg: StoreConfig, scan: StoreScan) -> None:
     """RefusedError when the rebuilt queues would drop units the evidence does not
     condemn (:func:`rmqstore.recovery.guard.unit_loss`): no unit of a rebuilt queue points at or
     past the verified end, so every existing one there is dropped."""
-    from .guard import find_survivors, refused_error, unit_loss, units_from
+    from ..scan.survivors import find_survivors
+    from .guard import refused_error, unit_loss, units_from
 
     offs = []
     for ref in list_queues(root).queues:
@@ -410,7 +217,7 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
                 "place, or mount the disk at this path", root / name)
     t0 = time.perf_counter()
     with ckpt.hold_lock(root):
-        from .journal import refuse_if_unfinished
+        from ..files.repair_marker import refuse_if_unfinished
 
         refuse_if_unfinished(root, "rebuild")
         start = from_offset or 0

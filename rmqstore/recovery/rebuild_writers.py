@@ -1,6 +1,6 @@
 """ConsumeQueues and IndexFiles built while a rebuild's scan still runs.
 
-:func:`rmqstore.recovery.rebuild.scan_chains` hands each byte range's grouped part
+:func:`rmqstore.scan.runner.scan_chains` hands each byte range's grouped part
 (:mod:`rmqstore.scan.per_queue`) to ``on_part`` as soon as the range is known to be on the
 record chain, in chain order, while the workers scan later ranges. :class:`Live` writes
 the part's units and index puts there and then, so the writing overlaps the scanning

@@ -45,7 +45,8 @@ import numpy as np
 from ..files import checkpoint as ckpt
 from ..files.config import StoreConfig, load_config
 from ..errors import RefusedError, RmqStoreError, StoreIOError
-from .guard import find_survivors, refused_error, unit_loss, units_from
+from ..scan.survivors import find_survivors
+from .guard import refused_error, unit_loss, units_from
 from ..files.index import _list_index_files
 from ..files.listing import offset_name
 from ..files.segments import SegmentQueue
@@ -302,7 +303,7 @@ class _QueuePlan:
     def d(self):
         """What dispatch would write for the valid records (made only when a queue needs it)."""
         if self._d is None and self.rep.scan is not None:
-            from .rebuild import dispatched
+            from ..scan.per_queue import dispatched
 
             self._d = dispatched(self.rep.scan)
         return self._d
@@ -450,7 +451,7 @@ def _guard(root: Path, cfg, rep: VerifyReport, steps: list[Step],
 
 
 def _no_backup_loss(root: Path, cfg, s: Step) -> str | None:
-    from .guard import first_record_in
+    from ..scan.survivors import first_record_in
 
     if not s.path:
         return None
@@ -604,7 +605,7 @@ def repair(root: str | os.PathLike, *, dry_run: bool = False, backup_dir: str | 
     """
     from . import journal as J
     from . import repair_steps as R
-    from .rebuild import dispatched
+    from ..scan.per_queue import dispatched
     from .undo import resume
 
     t0 = time.perf_counter()

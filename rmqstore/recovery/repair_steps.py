@@ -41,7 +41,7 @@ class StepContext:
     root: Path
     cfg: StoreConfig
     report: object  # the VerifyReport the plan came from
-    d: object  # rebuild.Dispatched of its scan
+    d: object  # scan.per_queue.Dispatched of its scan
     clock: object = None
     gone: set[str] = field(default_factory=set)  # paths earlier steps take out (preflight)
 

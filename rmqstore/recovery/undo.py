@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RefusedError
-from .journal import (CHUNK, INTERNAL, JOURNAL, MARKER, Interrupted, Journal, JournalState,
-                      _describe_fp, _interrupted, _io, _overlap, _pwrite_all, _state_for,
-                      confine, fingerprint, is_dir, read_backup, read_marker, remove_marker,
-                      write_marker)
+from ..files.repair_marker import MARKER, read_marker
 from ..files.sparse import copy_tree, fsync_dir, remove_tree
+from .journal import (CHUNK, INTERNAL, JOURNAL, Interrupted, Journal, JournalState, _describe_fp,
+                      _interrupted, _io, _overlap, _pwrite_all, _state_for, confine, fingerprint,
+                      is_dir, read_backup, remove_marker, write_marker)
 
 
 def check_unchanged(root: Path, state: JournalState) -> None:

@@ -326,7 +326,7 @@ def stray_dirs(c: Collector, root: Path) -> None:
 
 def interrupted_repair(c: Collector, root: Path) -> None:
     from ..errors import RmqStoreError
-    from .journal import MARKER, read_marker
+    from ..files.repair_marker import MARKER, read_marker
 
     if not os.path.lexists(root / MARKER):
         return
@@ -348,7 +348,8 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
            check_crc: bool = True, processes: int | None = None,
            progress: Callable[[int, int], None] | None = None) -> VerifyReport:
     """Check the store at ``root`` and return every finding. Read-only."""
-    from .rebuild import dispatched, scan_commitlog
+    from ..scan.per_queue import dispatched
+    from ..scan.runner import scan_commitlog
     from .verify_cq import check_consume_queues
     from .verify_index import check_index
     from .verify_state import check_state

@@ -2,8 +2,8 @@
 
 Each queue's units (up to the end the broker's load finds) are matched, vectorised,
 against the units dispatch would write for the valid CommitLog records
-(:func:`rmqstore.recovery.rebuild.dispatched`): by CommitLog offset, then size, queue offset and
-tagsCode. One finding per queue and kind, naming the first unit concerned.
+(:func:`rmqstore.scan.per_queue.dispatched`): by CommitLog offset, then size, queue offset
+and tagsCode. One finding per queue and kind, naming the first unit concerned.
 """
 
 from __future__ import annotations

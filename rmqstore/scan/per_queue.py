@@ -1,8 +1,10 @@
-"""Rebuild's scan: each byte range's ConsumeQueue units grouped per queue by the worker.
+"""What dispatch writes, as arrays: valid records' ConsumeQueue units grouped per queue,
+and index puts (:class:`Dispatched`), from a whole scan (:func:`dispatched`) or joined
+from parts each worker grouped itself (:func:`grouped_dispatch`).
 
 ``verify`` needs every field of every record, merged per segment
-(:func:`rmqstore.recovery.rebuild.scan_commitlog`). A rebuild needs only what dispatch writes, so
-here a worker hands back, for its range:
+(:func:`rmqstore.scan.runner.scan_commitlog`). A rebuild needs only what dispatch writes, so
+there a worker hands back, for its range (:func:`grouped_split`):
 
 - what decides validity (sizes, the §3.9 size rule, CRC results), from which the parent
   finds the end of valid data exactly as :func:`~rmqstore.scan.dispatch.store_scan` does;
@@ -16,11 +18,94 @@ sorted or gathered in the one process that runs alone after the workers finish.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from ..format import layout as L
 from .parallel import arena
-from .dispatch import SegmentDispatch, split_dispatch, store_scan
+from .dispatch import SegmentDispatch, StoreScan, split_dispatch, store_scan
+
+
+@dataclass
+class Dispatched:
+    """Valid records' CQ units per queue and index puts, in CommitLog order."""
+
+    units: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    key_hash: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    key_offset: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    key_timestamp: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    messages: int = 0
+    bytes: int = 0
+    last_cq_timestamp: int = 0  # store time of the last record given a CQ unit (§8.1)
+    unit_count: int = 0  # units in ``units`` (set even when they were only counted)
+    key_count: int = 0  # index puts (likewise)
+
+
+def dispatched(scan: StoreScan, from_offset: int = 0) -> Dispatched:
+    """Group the scan's valid records into per-queue units and index puts (spec §6.1, §7.3)."""
+    out = Dispatched()
+    topic_ids: dict[str, int] = {}
+    rec_parts, key_parts = [], []
+    for p, k in zip(scan.parts, scan.kept):
+        if not k:
+            continue
+        gid = np.array([topic_ids.setdefault(t, len(topic_ids)) for t in p.topics] or [0], np.int32)
+        # Offsets increase within a segment: the records at or after ``from_offset`` are
+        # a suffix, so plain slices (no fancy indexing) select them.
+        a = int(np.searchsorted(p.offset[:k], from_offset)) if from_offset else 0
+        if a >= k:
+            continue
+        sel = slice(a, k)
+        tx = p.sys_flag[sel] & L.SYSFLAG_TRANSACTION_MASK
+        cq = (tx == L.TRANSACTION_NOT_TYPE) | (tx == L.TRANSACTION_COMMIT)
+        rec_parts.append((gid[p.topic_id[sel]], p.queue_id[sel], p.queue_offset[sel],
+                          p.physical_offset[sel], p.size[sel], p.tags_code[sel], cq,
+                          p.store_timestamp[sel]))
+        kr, kh = p.key_record, p.key_hash
+        if len(kr) and (kr[0] < a or kr[-1] >= k):
+            km = (kr >= a) & (kr < k)  # key records are in record order
+            kr, kh = kr[km], kh[km]
+        # Index entries use the stored PHYSICALOFFSET and STORETIMESTAMP (spec §7.3).
+        key_parts.append((kh, p.physical_offset[kr], p.store_timestamp[kr]))
+        out.messages += k - a
+        out.bytes += int(p.size[sel].sum())
+    if rec_parts:
+        tid, qid, qo, phy, size, tags, cq, ts = (np.concatenate(c) for c in zip(*rec_parts))
+        if not cq.all():
+            tid, qid, qo, phy, size, tags, ts = (x[cq] for x in (tid, qid, qo, phy, size, tags, ts))
+        out.last_cq_timestamp = int(ts[-1]) if len(ts) else 0
+        if len(tid):
+            qid = qid.astype(np.int64)  # int32 ids minus the smallest can overflow int32
+            qmin = int(qid.min())
+            span = int(qid.max()) - qmin + 1
+            key = tid.astype(np.int64) * span + (qid - qmin)
+            nkeys = len(topic_ids) * span
+            # A small key range sorts by radix (stable: CommitLog order kept per queue).
+            key = key.astype(np.int16 if nkeys < 2**15 else np.int32 if nkeys < 2**31 else np.int64)
+            order = np.argsort(key, kind="stable")
+            counts = np.bincount(key, minlength=nkeys) if nkeys < 2**24 else None
+            qo, phy, size, tags = qo[order], phy[order], size[order], tags[order]
+            if counts is not None:
+                ids = np.flatnonzero(counts)
+                ends = np.cumsum(counts)[ids]
+                begins = ends - counts[ids]
+            else:
+                ks = key[order]
+                cuts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1], True])
+                ids, begins, ends = ks[cuts[:-1]], cuts[:-1], cuts[1:]
+            by_id = {v: t for t, v in topic_ids.items()}
+            for kid, a, b in zip(ids.tolist(), begins.tolist(), ends.tolist()):
+                t, q = divmod(int(kid), span)
+                out.units[by_id[t], q + qmin] = (qo[a:b], phy[a:b], size[a:b], tags[a:b])
+    if key_parts:
+        out.key_hash, out.key_offset, out.key_timestamp = (np.concatenate(c) for c in zip(*key_parts))
+    out.unit_count = sum(len(u[0]) for u in out.units.values())
+    out.key_count = len(out.key_hash)
+    return out
+
+
+# --- grouped by each worker --------------------------------------------------------------
 
 
 def grouped_split(split, check_crc: bool = True, delay_millis=None, keys: bool = True,
@@ -147,12 +232,10 @@ def grouped_dispatch(chains: list[list[dict]], segment_size: int, from_offset: i
                      index_from: int | None = None, *, store_timestamp_at=None,
                      join: bool = True):
     """(StoreScan with validity fields only, Dispatched for the CQ, Dispatched for the
-    index): what :func:`rmqstore.recovery.rebuild.dispatched` gives, from grouped parts. The index
+    index): what :func:`dispatched` gives, from grouped parts. The index
     one starts at ``index_from`` (default ``from_offset``). ``store_timestamp_at(offset)``
     reads one record's STORETIMESTAMP (for ``last_cq_timestamp``; 0 without it). Without
     ``join`` the units and puts are counted (``unit_count``, ``key_count``), not gathered."""
-    from ..recovery.rebuild import Dispatched
-
     scan = store_scan([_validity(c) for c in chains], segment_size)
     cq, ix = Dispatched(), Dispatched()
     index_from = from_offset if index_from is None else index_from
