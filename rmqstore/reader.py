@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from .format import layout as L
 from .format.message import Message, decode_offset_msg_id
 from .files.commitlog import CommitLog
 from .files.config import SEGMENT_NAME, StoreConfig, load_config
@@ -155,7 +156,7 @@ class StoreReader:
             unit = cq.unit_at(queue_offset)
         if unit.is_placeholder:
             raise OffsetError(f"queue offset {queue_offset} is a placeholder unit (no message)",
-                              self.root / "consumequeue" / topic / str(queue_id), queue_offset * 20)
+                              self.root / "consumequeue" / topic / str(queue_id), queue_offset * L.CQ_UNIT_SIZE)
         return self.read_at(unit.commit_log_offset)
 
     def query_key(self, topic: str, key: str, max_num: int | None = None, begin=None, end=None,

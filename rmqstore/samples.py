@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .files import checkpoint as ckpt
+from .format import layout as L
 from .format.message import Host, Message
 from .files.config import StoreConfig
 from .engine.store import MessageStore
 
 COMMITLOG_SEGMENT = 64 * 1024
-CQ_FILE = 64 * 20
+CQ_FILE = 64 * L.CQ_UNIT_SIZE
 HASH_SLOTS = 64
 INDEX_NUM = 4 * HASH_SLOTS
 PAGE = 4096

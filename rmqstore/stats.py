@@ -15,7 +15,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .format import layout as L
+from .format.rules import gets_cq_unit
 from .errors import RmqStoreError
 from .scan.records import RecordColumns
 from .files.listing import open_regular
@@ -79,8 +79,7 @@ def queue_stats(records: RecordColumns) -> list[QueueStats]:
     def red(ufunc, a):
         return ufunc.reduceat(a[order], starts)
 
-    tran = records.sys_flag & L.SYSFLAG_TRANSACTION_MASK
-    dispatched = ((tran == L.TRANSACTION_NOT_TYPE) | (tran == L.TRANSACTION_COMMIT))[order]
+    dispatched = gets_cq_unit(records.sys_flag)[order]
     qo = records.queue_offset[order]
     big = np.iinfo(np.int64).max
     qo_min = np.minimum.reduceat(np.where(dispatched, qo, big), starts)

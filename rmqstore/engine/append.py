@@ -30,7 +30,8 @@ import numpy as np
 
 from ..format import layout as L
 from ..format.message import Message, offset_msg_id
-from ..format.crc import body_crc
+from ..format.rules import NO_QUEUE_OFFSET_BIT, advances_queue_offset
+from ..format.crc import BODY_CRC_MASK, body_crc
 from ..files.config import StoreConfig
 from ..errors import OffsetError, StoreIOError
 from ..files.names import shown, topic_problem
@@ -42,9 +43,8 @@ _PWRITE_MIN = 64 * 1024  # bytes from which _place writes with pwrite, not the m
 #: an error before any byte changes. One posix_fallocate per 16 MiB costs nothing a put.
 ALLOCATE_AHEAD = 16 << 20
 
-_BLANK = L.BLANK_STRUCT
+_MAGIC, _MAGIC_AT = L.HEAD_FIELD_STRUCT["magic"], L.OFFSET_OF["magic"]
 _HOST_BITS = L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6
-_NO_QUEUE_OFFSET = (L.TRANSACTION_PREPARED, L.TRANSACTION_ROLLBACK)
 _SHORT_MAX = 32767
 _TOTAL_SIZE = L.RECORD_TOTAL_SIZE_STRUCT
 _PROPS_LEN = L.RECORD_PROPERTIES_LENGTH_STRUCT
@@ -54,7 +54,6 @@ _PROPS_LEN_BYTES: list = [None] * 16384
 _NOT_HOST_BITS = ~(L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6)
 _crc32 = zlib.crc32
 _MAGIC_V1 = L.MAGIC_V1
-_TX_MASK = L.SYSFLAG_TRANSACTION_MASK
 _NAME_VALUE = L.PROPERTY_NAME_VALUE_SEPARATOR.join
 
 
@@ -128,10 +127,6 @@ class PutResult:
 
 
 _PUT_OK = PutStatus.PUT_OK
-# PREPARED (0x4) and ROLLBACK (0xC) are the two transaction types with this bit.
-_TX_PREPARED_BIT = 0x4
-assert L.TRANSACTION_PREPARED == 0x4 and L.TRANSACTION_ROLLBACK == 0xC
-assert L.TRANSACTION_COMMIT & 0x4 == 0 and L.TRANSACTION_NOT_TYPE == 0 and L.SYSFLAG_TRANSACTION_MASK == 0xC
 
 
 _new_object = object.__new__
@@ -439,8 +434,8 @@ class CommitLogAppender:
         left = self.size - pos
         buf = self._buf
         # Magic first, size last: a concurrent scan sees zeros, then the whole BLANK.
-        buf[pos + 4:pos + 8] = _BLANK.pack(0, L.MAGIC_BLANK)[4:]
-        buf[pos:pos + 4] = left.to_bytes(4, "big", signed=True)
+        _MAGIC.pack_into(buf, pos + _MAGIC_AT, L.MAGIC_BLANK)
+        _TOTAL_SIZE.pack_into(buf, pos, left)
         self.end += left
         self._seg, self._seg_start, self._seg_end = nxt, nxt_start, nxt_start + self.size
         self._buf, self._alloc_end, self._ahead = nbuf, nalloc, nahead
@@ -449,7 +444,7 @@ class CommitLogAppender:
 
     def _next_queue_offset(self, p: Prepared) -> tuple[tuple[str, int], int, bool]:
         key = (p.msg.topic, p.msg.queue_id)
-        if p.sys_flag & L.SYSFLAG_TRANSACTION_MASK in _NO_QUEUE_OFFSET:
+        if not advances_queue_offset(p.sys_flag):
             return key, 0, False  # PREPARED / ROLLBACK: 0, and no advance (spec §3.2)
         return key, self.queue_offsets.get(key, 0), True
 
@@ -625,7 +620,7 @@ class CommitLogAppender:
         if total > self._max_total:
             return None
         sys_flag = (msg.sys_flag & _NOT_HOST_BITS) | host_bits
-        crc = _crc32(body) & 0x7FFFFFFF
+        crc = _crc32(body) & BODY_CRC_MASK
         plen_b = _PROPS_LEN_BYTES[plen]
         if plen_b is None:
             plen_b = _PROPS_LEN_BYTES[plen] = _PROPS_LEN.pack(plen)
@@ -640,7 +635,7 @@ class CommitLogAppender:
             if end + total + 8 > self._alloc_end:  # no allocated room for it and a BLANK
                 self._make_room(total)
                 end = self.end
-            if sys_flag & _TX_PREPARED_BIT:
+            if sys_flag & NO_QUEUE_OFFSET_BIT:  # rules.advances_queue_offset, inline
                 qoff = 0  # PREPARED / ROLLBACK: 0, and no advance (spec §3.2)
             else:
                 counters = self.queue_offsets
@@ -747,10 +742,9 @@ class CommitLogAppender:
         total = int(totals.sum())
         if int(totals.max()) > self._max_total or total + L.END_FILE_MIN_BLANK_LENGTH > self.size:
             return None  # prepare() refuses a record, or the batch cannot fit a segment
-        crcs = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n) & 0x7FFFFFFF
+        crcs = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n) & BODY_CRC_MASK
         sys_arr = (np.array(sys_flags, dtype=np.int64) & ~_HOST_BITS) | host_bits
-        tx = sys_arr & _TX_MASK
-        advance = (tx != L.TRANSACTION_PREPARED) & (tx != L.TRANSACTION_ROLLBACK)
+        advance = advances_queue_offset(sys_arr)
         qids = np.array(queue_ids, dtype=np.int64)
         # Key codes for (topic, queueId): consecutive queue offsets per key, in batch order.
         if len(distinct) == 1:

@@ -35,10 +35,11 @@ import numpy as np
 
 from ..format import layout as L
 from .append import Appended, PutResults, now_ms
-from ..format.rules import SCHEDULE_TOPIC
+from ..format.rules import SCHEDULE_TOPIC, advances_queue_offset, gets_index_keys
 from ..format.message import Host, Message, offset_msg_id, parse_properties
 from ..format.hashing import java_hash
 from ..errors import StoreIOError
+from ..format.crc import BODY_CRC_MASK
 
 _DEFAULT_BORN = Message.__dataclass_fields__["born_host"].default
 _DEFAULT_STORE = Message.__dataclass_fields__["store_host"].default
@@ -419,16 +420,16 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
         return _fallback(store, batch, stamp)
     # --- the fixed fields -------------------------------------------------------------------
     crcs = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n)
-    crcs &= 0x7FFFFFFF
+    crcs &= BODY_CRC_MASK
     sys_flag = _int_column(batch.sys_flag, n)
     sys_arr = (sys_flag & ~_HOST_BITS) | host_bits
     tx = sys_arr & _TX_MASK
     qids = _int_column(batch.queue_ids, n)
     if isinstance(tx, int):
-        advance = tx != L.TRANSACTION_PREPARED and tx != L.TRANSACTION_ROLLBACK
+        advance = advances_queue_offset(tx)
         advance_arr = None
     else:
-        advance_arr = (tx != L.TRANSACTION_PREPARED) & (tx != L.TRANSACTION_ROLLBACK)
+        advance_arr = advances_queue_offset(tx)  # and so gets_cq_unit: the units below
         advance = None
     # Queue keys and each message's rank within its queue (consecutive queue offsets).
     if single:
@@ -669,9 +670,9 @@ def dispatch_columns(dispatcher, c: _Dispatched) -> None:
             index.current_file()  # the first dispatched record creates a file (§7.5)
         tx = c.tx
         if isinstance(tx, int):
-            indexed = None if tx != L.TRANSACTION_ROLLBACK else False
+            indexed = None if gets_index_keys(tx) else False
         else:
-            indexed = tx != L.TRANSACTION_ROLLBACK
+            indexed = gets_index_keys(tx)
             if indexed.all():
                 indexed = None
         if indexed is not False:

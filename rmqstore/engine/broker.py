@@ -23,7 +23,7 @@ import random
 from typing import Any
 
 from ..format import layout as L
-from ..format.rules import SCHEDULE_TOPIC
+from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit
 from ..format.message import Host, Message, parse_properties
 from ..format.hashing import java_hash
 from ..files.config import StoreConfig
@@ -193,10 +193,10 @@ def as_broker(msg: Message, config: StoreConfig, *, now: int) -> Message:
     max_size = max(max_size, len(props))
     msg.store_host = store_host(config)
     msg.store_timestamp = now
-    tx = msg.sys_flag & L.SYSFLAG_TRANSACTION_MASK
     delay = props.get("DELAY")
     rewritten = False
-    if delay is not None and tx in (L.TRANSACTION_NOT_TYPE, L.TRANSACTION_COMMIT):
+    # Only records dispatch will give a unit are delayed (not PREPARED, not ROLLBACK).
+    if delay is not None and gets_cq_unit(msg.sys_flag):
         try:
             level = int(delay)
         except ValueError:

@@ -28,15 +28,16 @@ import numpy as np
 
 from ..format import layout as L
 from .append import Appended
-from ..format.rules import SCHEDULE_TOPIC
+from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit, gets_index_keys
 from ..format.hashing import java_hash
 from ..format.message import parse_properties
 from ..files.consumequeue import ConsumeQueueWriter
 from ..format.hashing import index_hashes, prefix_hash, token_hash, token_hashes
 from ..files.names import queue_dir
 
-_CQ_TYPES = (L.TRANSACTION_NOT_TYPE, L.TRANSACTION_COMMIT)
 _TAGS_CACHE_MAX = 1 << 16
+_TX_MASK = L.SYSFLAG_TRANSACTION_MASK  # any transaction type takes the general path
+_UNIT = L.CQ_UNIT_SIZE
 
 
 # dispatch_record's write-behind of index keys: at most this many keys wait, all from records
@@ -131,9 +132,8 @@ class Dispatcher:
     def dispatch(self, a: Appended) -> None:
         """Both dispatchers for one record, in the broker's order (spec §9 step 2)."""
         self.settle_index()
-        tx = a.sys_flag & L.SYSFLAG_TRANSACTION_MASK
         props = a.properties
-        if tx in _CQ_TYPES:
+        if gets_cq_unit(a.sys_flag):
             code = self._tags_code(a.topic, props, a.store_timestamp)
             if self._writer(a.topic, a.queue_id, a.offset).put(a.queue_offset, a.offset, a.size, code):
                 self.logics_timestamp = a.store_timestamp
@@ -159,7 +159,7 @@ class Dispatcher:
         The usual record (NOT_TYPE, not SCHEDULE_TOPIC, parsed properties, ASCII keys)
         is handled inline: the CQ writer's next-unit store and the index key hashes
         without a call each; anything else takes :meth:`_dispatch_record`."""
-        if props is None or sys_flag & 0xC or topic == SCHEDULE_TOPIC:
+        if props is None or sys_flag & _TX_MASK or topic == SCHEDULE_TOPIC:
             return self._dispatch_record(topic, queue_id, queue_offset, offset, size, sys_flag,
                                          store_timestamp, props, text)
         tags = props.get("TAGS")
@@ -180,11 +180,11 @@ class Dispatcher:
             # end within _lag_end, the bound a reopen after a crash re-indexes from.
             self._drain()
         # (write_pos is None before the queue's first unit: never equal to an int)
-        if queue_offset * 20 == pos and end > w.max_physic_offset:
+        if queue_offset * _UNIT == pos and end > w.max_physic_offset:
             rel = pos - w._map_start
             if 0 <= rel < w._map_alloc and w._map_start == w._starts[-1]:  # allocated
                 _unit_pack_into(w._map_cur, rel, offset, size, code)
-                w.write_pos = pos + 20
+                w.write_pos = pos + _UNIT
                 w.max_physic_offset = end
                 self.logics_timestamp = store_timestamp
             elif w.put(queue_offset, offset, size, code):
@@ -312,8 +312,7 @@ class Dispatcher:
         self.settle_index()
         if props is None:
             props = parse_properties(text)
-        tx = sys_flag & L.SYSFLAG_TRANSACTION_MASK
-        if tx == L.TRANSACTION_NOT_TYPE or tx == L.TRANSACTION_COMMIT:
+        if gets_cq_unit(sys_flag):
             tags = props.get("TAGS")
             if topic == SCHEDULE_TOPIC:
                 code = self._tags_code(topic, props, store_timestamp)
@@ -333,7 +332,7 @@ class Dispatcher:
             files = self._index_files(index)
             f = files[-1]
             # The §7.3 rules: offset below the file's endPhyOffset, or ROLLBACK: no keys.
-            if offset >= f.header.end_phy_offset and tx != L.TRANSACTION_ROLLBACK:
+            if offset >= f.header.end_phy_offset and gets_index_keys(sys_flag):
                 uniq = props.get("UNIQ_KEY")
                 k = props.get("KEYS")
                 if uniq is not None or k:
@@ -367,8 +366,7 @@ class Dispatcher:
             return
         if props is None:
             props = list(map(parse_properties, texts))
-        tx = sys_flags & L.SYSFLAG_TRANSACTION_MASK
-        cq = (tx == L.TRANSACTION_NOT_TYPE) | (tx == L.TRANSACTION_COMMIT)
+        cq = gets_cq_unit(sys_flags)
         getter = operator.methodcaller("get", "TAGS")
         tags = list(map(getter, props))
         codes_of = {None: 0, "": 0}
@@ -402,7 +400,7 @@ class Dispatcher:
         if index is not None:
             if not index.files or index.files[-1].is_write_full:
                 index.current_file()  # the first dispatched record creates a file (§7.5)
-            indexed = tx != L.TRANSACTION_ROLLBACK
+            indexed = gets_index_keys(sys_flags)
             uniqs = list(map(operator.methodcaller("get", "UNIQ_KEY"), props))
             keys = list(map(operator.methodcaller("get", "KEYS"), props))
             if uniqs.count(None) == n and len(distinct) == 1 and None not in keys \
@@ -459,9 +457,8 @@ class Dispatcher:
         tags_code = self._tags_code
         index = self.index
         for a in records:
-            tx = a.sys_flag & L.SYSFLAG_TRANSACTION_MASK
             props = a.properties
-            if tx in _CQ_TYPES:
+            if gets_cq_unit(a.sys_flag):
                 g = groups.get((a.topic, a.queue_id))
                 if g is None:
                     g = groups[(a.topic, a.queue_id)] = ([], [], [], [])
@@ -470,7 +467,7 @@ class Dispatcher:
                 g[2].append(a.size)
                 g[3].append(tags_code(a.topic, props, a.store_timestamp))
                 last_ts = a.store_timestamp
-            if index is not None and tx != L.TRANSACTION_ROLLBACK:
+            if index is not None and gets_index_keys(a.sys_flag):
                 uniq = props.get("UNIQ_KEY")
                 if uniq is not None:
                     keys.append(f"{a.topic}#{uniq}")

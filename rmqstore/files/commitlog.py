@@ -8,16 +8,19 @@ with full checks and for single-record reads.
 from __future__ import annotations
 
 import enum
-import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
 from ..format import layout as L
 from ..format.message import Message
+from ..format.crc import body_crc
 from ..format.record import decode_record
 from .config import StoreConfig
 from ..errors import OffsetError, RecordError
 from .segments import Segment, SegmentQueue
+
+_SYS_FLAG, _SYS_FLAG_AT = L.HEAD_FIELD_STRUCT["sys_flag"], L.OFFSET_OF["sys_flag"]
+_BODY_CRC, _BODY_CRC_AT = L.HEAD_FIELD_STRUCT["body_crc"], L.OFFSET_OF["body_crc"]
 
 
 class Check(enum.Enum):
@@ -56,7 +59,7 @@ def check_record(buf, pos: int, limit: int, *, check_crc: bool = True,
         return RecordCheck(Check.FAIL, 0, f"bad magic 0x{magic & 0xFFFFFFFF:08X}")
     if total < L.RECORD_HEAD_SIZE:
         return RecordCheck(Check.FAIL, 0, f"size {total} is too small")
-    sys_flag = int.from_bytes(buf[pos + 36:pos + 40], "big", signed=True)
+    sys_flag = _SYS_FLAG.unpack_from(buf, pos + _SYS_FLAG_AT)[0]
     key = (bool(sys_flag & L.SYSFLAG_BORNHOST_V6), bool(sys_flag & L.SYSFLAG_STOREHOST_V6))
     fixed = L.RECORD_FIXED_SIZE[key]
     try:
@@ -68,8 +71,8 @@ def check_record(buf, pos: int, limit: int, *, check_crc: bool = True,
             if p + body_len > limit:
                 raise IndexError
             if check_crc:
-                crc = int.from_bytes(buf[pos + 8:pos + 12], "big", signed=True)
-                if zlib.crc32(buf[p:p + body_len]) & 0x7FFFFFFF != crc:
+                crc = _BODY_CRC.unpack_from(buf, pos + _BODY_CRC_AT)[0]
+                if body_crc(buf[p:p + body_len]) != crc:
                     return RecordCheck(Check.FAIL, 0, "body CRC mismatch")
             p += body_len
         tsize = 2 if magic == L.MAGIC_V2 else 1

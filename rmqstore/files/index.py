@@ -22,7 +22,7 @@ import numpy as np
 
 from ..format import layout as L
 from ..format.hashing import index_hash
-from ..format.message import split_keys
+from ..format.rules import index_keys
 from ..errors import ConfigError, SegmentError, StoreIOError
 from .mapped import Ahead, allocate, io_error, map_read, note
 
@@ -557,16 +557,12 @@ class IndexService:
 
         ``keys`` is the KEYS property text (split on single spaces) or its tokens.
         """
-        if keys is None or isinstance(keys, str):
-            keys = split_keys(keys)
         f = self.current_file()
         if phy_offset < f.header.end_phy_offset:
             return 0
-        if sys_flag & L.SYSFLAG_TRANSACTION_MASK == L.TRANSACTION_ROLLBACK:
-            return 0
-        todo = ([uniq_key] if uniq_key is not None else []) + [k for k in keys if k]
+        todo = index_keys(topic, uniq_key, keys, sys_flag)
         for k in todo:
-            self.put_key(f"{topic}#{k}", phy_offset, store_timestamp)
+            self.put_key(k, phy_offset, store_timestamp)
         return len(todo)
 
     def put_hashes(self, key_hashes, phy_offsets, store_timestamps, *,

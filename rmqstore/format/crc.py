@@ -26,9 +26,15 @@ _CHUNK = 8192  # spans per numpy step: keeps the working columns in cache
 _WIDTHS = (32, 64, 128, 192, VEC_MAX)  # row widths (multiples of 4): padding stays small
 
 
+#: BODYCRC keeps the low 31 bits of the CRC-32 (spec §3.2). Bulk paths mask zlib's values
+#: with it themselves; one body at a time is :func:`body_crc`.
+BODY_CRC_MASK = 0x7FFFFFFF
+
+
 def body_crc(body: bytes) -> int:
     """BODYCRC: CRC-32 masked to 31 bits; 0 for an empty body (spec §0, §3.2)."""
-    return zlib.crc32(body) & 0x7FFFFFFF if body else 0
+    return zlib.crc32(body) & BODY_CRC_MASK if body else 0
+
 
 _tables: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 

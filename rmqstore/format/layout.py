@@ -323,3 +323,5 @@ CHECKPOINT_V5_STRUCT = derive_struct(Struct(*_CHECKPOINT_V5_FIELDS))
 
 #: Offsets of the head fields, the same for every record.
 OFFSET_OF = {name: off for name, (off, _) in derive_offsets(RecordHead).items()}
+#: One struct per head field, to read or write that field alone at ``pos + OFFSET_OF[name]``.
+HEAD_FIELD_STRUCT = {name: derive_struct(Struct(_record_field(name))) for name in OFFSET_OF}

@@ -173,10 +173,6 @@ class Message:
 
     def index_keys(self) -> list[str]:
         """Keys dispatch puts into the IndexFile for this record, in order (spec §7.3)."""
-        if self.transaction_type == L.TRANSACTION_ROLLBACK:
-            return []
-        out = []
-        if self.uniq_key is not None:
-            out.append(f"{self.topic}#{self.uniq_key}")
-        out.extend(f"{self.topic}#{k}" for k in self.keys)
-        return out
+        from .rules import index_keys  # rules reads message's split_keys
+
+        return index_keys(self.topic, self.uniq_key, self.properties.get("KEYS"), self.sys_flag)

@@ -1,9 +1,10 @@
-"""Broker rules, each written down once: what dispatch derives from a record.
+"""Broker rules, each written down once: what append and dispatch derive from a record.
 
-Today: tagsCode (spec §6.1: the TAGS hash, or the delivery time for SCHEDULE_TOPIC_XXXX)
-and the delay levels it reads. Phase B of issue 13 brings the other rules here (which
-records get a ConsumeQueue unit, queue-offset advance, index keys), each with its scalar
-and numpy form side by side.
+Which records take a queue offset (:func:`advances_queue_offset`, spec §3.2) and get a
+ConsumeQueue unit (:func:`gets_cq_unit`, §6.1), which put index keys and which keys
+(:func:`gets_index_keys`, :func:`index_keys`, §7.3), and the unit's tagsCode
+(:func:`tags_code`: the TAGS hash, or the delivery time for SCHEDULE_TOPIC_XXXX, §6.1)
+with the delay levels it reads. The transaction rules take an int or a numpy array alike.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from ..errors import InputError
+from . import layout as L
 from .hashing import java_hash
+from .message import split_keys
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
@@ -41,3 +44,48 @@ def tags_code(topic: str, properties: Mapping[str, str], store_timestamp: int,
             return store_timestamp + (delay_millis[level - 1] if level <= len(delay_millis) else 1000)
     tags = properties.get("TAGS")
     return java_hash(tags) if tags else 0
+
+
+# --- transactions (spec §3.2, §6.1, §7.3) ------------------------------------------------
+
+#: The bit PREPARED (0x4) and ROLLBACK (0xC) have and NOT_TYPE (0x0) and COMMIT (0x8) lack:
+#: the records that take no queue offset and get no ConsumeQueue unit. The single-put path
+#: tests it inline (``sys_flag & NO_QUEUE_OFFSET_BIT``); everything else calls the rules below.
+NO_QUEUE_OFFSET_BIT = L.TRANSACTION_PREPARED
+assert all(bool(t & NO_QUEUE_OFFSET_BIT) == (t in (L.TRANSACTION_PREPARED, L.TRANSACTION_ROLLBACK))
+           for t in (L.TRANSACTION_NOT_TYPE, L.TRANSACTION_PREPARED, L.TRANSACTION_COMMIT,
+                     L.TRANSACTION_ROLLBACK))
+
+
+def gets_cq_unit(sys_flag):
+    """Does dispatch write a ConsumeQueue unit for the record? NOT_TYPE and COMMIT records
+    do, PREPARED and ROLLBACK do not (spec §6.1, §9). ``sys_flag`` (or just its transaction
+    bits) as an int gives a bool, as a numpy array a bool array."""
+    return (sys_flag & NO_QUEUE_OFFSET_BIT) == 0
+
+
+def advances_queue_offset(sys_flag):
+    """Does appending the record take its queue's next offset? PREPARED and ROLLBACK store
+    QUEUEOFFSET 0 and leave the counter (spec §3.2): queue offsets number exactly the records
+    that get a ConsumeQueue unit. Int or numpy array, as :func:`gets_cq_unit`."""
+    return (sys_flag & NO_QUEUE_OFFSET_BIT) == 0
+
+
+def gets_index_keys(sys_flag):
+    """Does dispatch put the record's keys into the IndexFile? All but ROLLBACK records do
+    (spec §7.3; the endPhyOffset skip is the IndexFile's own). Int or numpy array."""
+    return (sys_flag & L.SYSFLAG_TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK
+
+
+def index_keys(topic: str, uniq_key: str | None, keys, sys_flag: int = 0) -> list[str]:
+    """The keys dispatch puts into the IndexFile for one record, in put order (spec §7.3):
+    ``topic#UNIQ_KEY``, then ``topic#token`` for each KEYS token (``keys`` is the KEYS text,
+    split on single spaces with empty tokens dropped, or its tokens); none for ROLLBACK.
+    The bulk form over many records is :func:`rmqstore.scan.dispatch.index_keys`."""
+    if not gets_index_keys(sys_flag):
+        return []
+    if keys is None or isinstance(keys, str):
+        keys = split_keys(keys)
+    out = [f"{topic}#{uniq_key}"] if uniq_key is not None else []
+    out.extend(f"{topic}#{k}" for k in keys if k)
+    return out

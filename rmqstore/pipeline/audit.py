@@ -7,7 +7,7 @@ spark-notes "ConsumeQueue rebuild and audit"):
 * implied units come from NOT_TYPE and COMMIT records only; of records sharing a queue
   offset the first in CommitLog order counts and the others are ``duplicate``;
 * a gap inside the implied queue offsets is a ``hole`` (a queue need not start at 0);
-* placeholder units (offset 0, size 0x7FFFFFFF) are the broker's pre-fill, not data;
+* placeholder units (offset 0, size ``CQ_PLACEHOLDER_SIZE``) are the broker's pre-fill, not data;
 * a unit with no record is ``expired`` when it points below the CommitLog minimum (head
   deletion: not an error), ``beyond-end`` when it points at or past the end of valid
   data, else ``extra``; a record with no unit is ``missing``; a unit that disagrees in

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..files import checkpoint as ckpt
 from ..format import layout as L
+from ..format.rules import gets_cq_unit
 from ..files.config import StoreConfig, load_config
 from ..files.consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, build_consume_queue, list_queues
 from ..errors import NotAStoreError, RmqStoreError, StoreIOError, UnsafePathError
@@ -68,8 +69,7 @@ def unsafe_topics(scan: StoreScan) -> list[tuple[str, int]]:
         bad = [i for i, t in enumerate(p.topics) if not is_safe_topic(t) and t not in out]
         if not k or not bad:
             continue
-        tx = p.sys_flag[:k] & L.SYSFLAG_TRANSACTION_MASK
-        cq = (tx == L.TRANSACTION_NOT_TYPE) | (tx == L.TRANSACTION_COMMIT)
+        cq = gets_cq_unit(p.sys_flag[:k])
         for i in bad:
             hit = np.flatnonzero((p.topic_id[:k] == i) & cq)
             if len(hit):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import stat
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import numpy as np
 
 from ..files import checkpoint as ckpt
 from ..format import layout as L
+from ..format.crc import body_crc
 from ..files.config import StoreConfig
 from ..files.consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, effective_file_size
 from ..errors import RefusedError, UnsafePathError
@@ -34,6 +34,7 @@ QUEUE_STEPS = {"cut-queue", "rebuild-queue", "dispatch-queue"}
 #: take a few KiB; the margin covers directory blocks and estimates rounding).
 JOURNAL_BYTES = 256 << 10
 JOURNAL_BYTES_PER_STEP = 4096
+_SYS_FLAG, _BODY_CRC = L.HEAD_FIELD_STRUCT["sys_flag"], L.HEAD_FIELD_STRUCT["body_crc"]
 
 
 @dataclass
@@ -223,10 +224,10 @@ def store_bytes(step, ctx: StepContext) -> int:
                 room = max(0, g.index_num - max(count, 1))
             total += max(0, head - allocated_in(last, 0, head)) + INDEX_AHEAD
         n = int(np.count_nonzero(d.key_offset >= start))
-        total += _pages(min(n, room) * 20)
+        total += _pages(min(n, room) * L.INDEX_ENTRY_SIZE)
         rest = n - min(n, room)
         files = -(-rest // max(1, g.index_num - 1))
-        return total + files * (_pages(head) + INDEX_AHEAD) + _pages(rest * 20)
+        return total + files * (_pages(head) + INDEX_AHEAD) + _pages(rest * L.INDEX_ENTRY_SIZE)
     return 0
 
 
@@ -320,12 +321,12 @@ def _fix_body_crc(path: Path, at: int) -> None:
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
     try:
         head = os.pread(fd, L.RECORD_FIXED_SIZE[True, True] + 4, at - 8)
-        sys_flag = int.from_bytes(head[36:40], "big", signed=True)
+        sys_flag = _SYS_FLAG.unpack_from(head, L.OFFSET_OF["sys_flag"])[0]
         fixed = L.RECORD_FIXED_SIZE[bool(sys_flag & L.SYSFLAG_BORNHOST_V6),
                                     bool(sys_flag & L.SYSFLAG_STOREHOST_V6)]
         n = int.from_bytes(os.pread(fd, 4, at - 8 + fixed - 4), "big", signed=True)
         body = os.pread(fd, max(n, 0), at - 8 + fixed)
-        _pwrite_all(fd, (zlib.crc32(body) & 0x7FFFFFFF).to_bytes(4, "big", signed=True), at)
+        _pwrite_all(fd, _BODY_CRC.pack(body_crc(body)), at)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -194,8 +194,8 @@ def _header_ts(buf, pos: int, limit: int) -> int | None:
     """STORETIMESTAMP of a record header at ``pos`` (at 48+B, spec §3.1), if readable."""
     if limit - pos < 64:
         return None
-    sys_flag = int.from_bytes(buf[pos + 36:pos + 40], "big", signed=True)
-    at = pos + 48 + (20 if sys_flag & L.SYSFLAG_BORNHOST_V6 else 8)
+    sys_flag = L.HEAD_FIELD_STRUCT["sys_flag"].unpack_from(buf, pos + L.OFFSET_OF["sys_flag"])[0]
+    at = pos + L.RECORD_FIXED_OFFSETS[bool(sys_flag & L.SYSFLAG_BORNHOST_V6), False]["store_timestamp"][0]
     if at + 8 > limit:
         return None
     return int.from_bytes(buf[at:at + 8], "big", signed=True)

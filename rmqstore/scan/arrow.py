@@ -14,7 +14,7 @@ import numpy as np
 
 from ..format import layout as L
 from . import records as scan
-from ..format.rules import SCHEDULE_TOPIC, parse_delay_levels, tags_code
+from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit, parse_delay_levels, tags_code
 from ..format.message import Host
 
 
@@ -350,8 +350,7 @@ def implied_units(records: scan.RecordColumns, delay_millis: Sequence[int] = par
 
     from ..format.hashing import java_hash_many
 
-    tx = records.sys_flag & L.SYSFLAG_TRANSACTION_MASK
-    sel = np.flatnonzero((tx != L.TRANSACTION_PREPARED) & (tx != L.TRANSACTION_ROLLBACK))
+    sel = np.flatnonzero(gets_cq_unit(records.sys_flag))
     r = records.take(sel)
     n = len(r)
     schema = UNITS_SCHEMA()

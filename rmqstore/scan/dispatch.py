@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..format import layout as L
-from ..format.rules import SCHEDULE_TOPIC, parse_delay_levels, tags_code
+from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit, gets_index_keys, parse_delay_levels, tags_code
 from ..format.hashing import java_hash
 from .records import RecordColumns, columns, consistent, walk_chain, walk_range
 from .properties import PropertyIndex
@@ -56,8 +55,7 @@ class SegmentDispatch:
     @property
     def cq_mask(self) -> np.ndarray:
         """Records that get a ConsumeQueue unit: NOT_TYPE and COMMIT (spec §6.1)."""
-        tx = self.sys_flag & L.SYSFLAG_TRANSACTION_MASK
-        return (tx == L.TRANSACTION_NOT_TYPE) | (tx == L.TRANSACTION_COMMIT)
+        return gets_cq_unit(self.sys_flag)
 
 
 def dispatch_records(cols: RecordColumns, delay_millis=None, *, keys: bool = True):
@@ -96,9 +94,9 @@ def index_keys(cols: RecordColumns, u8, segs, names, tid):
     """(record index, index hash) of every IndexFile put, in put order (spec §7.3)."""
     upos, ulen = segs.lookup(b"UNIQ_KEY")
     kpos, klen = segs.lookup(b"KEYS")
-    rollback = (cols.sys_flag & L.SYSFLAG_TRANSACTION_MASK) == L.TRANSACTION_ROLLBACK
-    ur = np.flatnonzero((upos >= 0) & ~rollback)
-    kr = np.flatnonzero((kpos >= 0) & ~rollback)
+    keyed = gets_index_keys(cols.sys_flag)
+    ur = np.flatnonzero((upos >= 0) & keyed)
+    kr = np.flatnonzero((kpos >= 0) & keyed)
     # A KEYS value without a space is one token: hash it whole (and learn which have one).
     kh, kunits, spaced = span_hash(u8, kpos[kr], klen[kr], 0x20)
     single = ~spaced

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..format import layout as L
+from ..format.rules import gets_cq_unit
 from .parallel import arena
 from .dispatch import SegmentDispatch, StoreScan, split_dispatch, store_scan
 
@@ -57,8 +57,7 @@ def dispatched(scan: StoreScan, from_offset: int = 0) -> Dispatched:
         if a >= k:
             continue
         sel = slice(a, k)
-        tx = p.sys_flag[sel] & L.SYSFLAG_TRANSACTION_MASK
-        cq = (tx == L.TRANSACTION_NOT_TYPE) | (tx == L.TRANSACTION_COMMIT)
+        cq = gets_cq_unit(p.sys_flag[sel])
         rec_parts.append((gid[p.topic_id[sel]], p.queue_id[sel], p.queue_offset[sel],
                           p.physical_offset[sel], p.size[sel], p.tags_code[sel], cq,
                           p.store_timestamp[sel]))
@@ -137,8 +136,7 @@ def pack_grouped(p: SegmentDispatch) -> dict:
         return d
     good = n if p.consistent.all() else int(np.argmin(p.consistent))
     same = bool((p.physical_offset[:good] == p.offset[:good]).all())
-    tx = p.sys_flag[:good] & L.SYSFLAG_TRANSACTION_MASK
-    cq = np.flatnonzero((tx == L.TRANSACTION_NOT_TYPE) | (tx == L.TRANSACTION_COMMIT))
+    cq = np.flatnonzero(gets_cq_unit(p.sys_flag[:good]))
     if len(cq):
         qid = p.queue_id[cq].astype(np.int64)  # int32 ids minus the smallest can overflow
         qmin = int(qid.min())

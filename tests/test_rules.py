@@ -1,0 +1,48 @@
+"""The broker's dispatch rules, each defined once in rmqstore/format/rules.py, in their
+scalar and numpy forms (spec §3.2, §6.1, §7.3). Expectations come from the spec's table
+of transaction types, not from the code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rmqstore.format import rules as R
+
+# (SYSFLAG transaction bits, name, gets a ConsumeQueue unit and a queue offset, puts keys)
+SPEC = [(0x0, "NOT_TYPE", True, True), (0x4, "PREPARED", False, True),
+        (0x8, "COMMIT", True, True), (0xC, "ROLLBACK", False, False)]
+#: Other SYSFLAG bits (compressed, multi-tags, born/store host v6, inner batch): no effect.
+OTHER_BITS = [0, 0x1, 0x2, 0x10 | 0x20, 0x80, 0x1 | 0x2 | 0x10 | 0x20 | 0x40 | 0x80 | 0x700]
+
+
+@pytest.mark.parametrize("tx,name,unit,keys", SPEC)
+def test_transaction_rules_scalar(tx, name, unit, keys):
+    for other in OTHER_BITS:
+        flag = tx | other
+        assert R.gets_cq_unit(flag) is unit, (name, hex(flag))
+        assert R.advances_queue_offset(flag) is unit, (name, hex(flag))
+        assert R.gets_index_keys(flag) is keys, (name, hex(flag))
+        assert bool(flag & R.NO_QUEUE_OFFSET_BIT) is not unit  # the single-put inline form
+
+
+def test_transaction_rules_numpy_match_the_table():
+    flags = np.array([tx | other for tx, *_ in SPEC for other in OTHER_BITS], np.int32)
+    unit = np.array([u for _, _, u, _ in SPEC for _ in OTHER_BITS])
+    keys = np.array([k for *_, k in SPEC for _ in OTHER_BITS])
+    for dtype in (np.int32, np.int64):
+        f = flags.astype(dtype)
+        assert (R.gets_cq_unit(f) == unit).all()
+        assert (R.advances_queue_offset(f) == unit).all()
+        assert (R.gets_index_keys(f) == keys).all()
+
+
+def test_index_keys_order_and_rollback():
+    """``topic#UNIQ_KEY`` first, then each KEYS token split on single spaces, empty tokens
+    dropped (spec §7.3); none at all for ROLLBACK."""
+    assert R.index_keys("T", "U1", "a  b c ") == ["T#U1", "T#a", "T#b", "T#c"]
+    assert R.index_keys("T", None, ["x", "", "y"]) == ["T#x", "T#y"]
+    assert R.index_keys("T", "", None) == ["T#"]  # an empty UNIQ_KEY is still a key
+    assert R.index_keys("T", "U1", "a", 0x8) == ["T#U1", "T#a"]
+    assert R.index_keys("T", "U1", "a", 0x4) == ["T#U1", "T#a"]
+    assert R.index_keys("T", "U1", "a", 0xC) == []
