@@ -45,7 +45,7 @@ import numpy as np
 from .format import layout as L
 from .format.message import Host, Message
 from .format.record import encode_record
-from .format.hashing import java_hash
+from .format.hashing import index_abs_many, java_hash
 
 MB = 1024 * 1024
 BENCHMARKS = ("append", "scan", "verify", "rebuild", "query-key", "spark-export")
@@ -235,10 +235,7 @@ def key_hashes(g: GeneratedStore) -> np.ndarray:
     d = _digits(i).astype(np.uint64)
     for k in range(KEY_DIGITS):
         h = (h * np.uint64(31) + d[:, k]) & mask
-    signed = h.astype(np.uint32).view(np.int32).astype(np.int64)
-    out = np.abs(signed)
-    out[out == 2**31] = 0  # Math.abs(MIN_VALUE) stays negative; RocketMQ maps it to 0
-    return out
+    return index_abs_many(h)
 
 
 def make_store(root: str | os.PathLike, size_bytes: int, *, body_size: int = 100,

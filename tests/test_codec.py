@@ -170,3 +170,29 @@ def test_properties_need_text_is_exact(text):
     plain = serialize_properties(props)
     reproducible = text in (plain, plain + "\x02" if plain else plain)
     assert properties_need_text(props, text) == (not reproducible)
+
+
+def test_every_index_hash_form_maps_min_value_to_zero():
+    """``"D[OTYME#key1".hashCode()`` is Integer.MIN_VALUE (the topic's 7 characters were
+    chosen as base-31 digits to make it so), which ``Math.abs`` leaves negative; the
+    IndexFile uses 0 (spec §7.2). Every form that computes index hashes must agree."""
+    import numpy as np
+
+    from rmqstore.engine.batch import _token_hashes
+    from rmqstore.format.hashing import (index_abs, index_abs_many, index_hash_from, index_hashes,
+                                         prefix_hash, span_hash, token_hash, token_hashes)
+
+    topic, token = "D[OTYME", "key1"
+    key = f"{topic}#{token}"
+    assert java_hash(key) == -(2**31)
+    assert index_hash(key) == 0 and index_abs(-(2**31)) == 0 and index_abs(-5) == 5
+    assert index_hash_many([key, "a"]).tolist() == [0, index_hash("a")]
+    assert index_hashes([key]).tolist() == [0]
+    assert token_hash(prefix_hash(topic), topic, token) == 0
+    assert token_hashes(prefix_hash(topic), [token]).tolist() == [0]
+    assert _token_hashes(topic, [token]).tolist() == [0]
+    u8 = np.frombuffer(token.encode() + bytes(128), np.uint8)
+    h, units = span_hash(u8, np.array([0]), np.array([len(token)]))
+    th = np.array([java_hash(topic) & 0xFFFFFFFF], np.uint32)
+    assert index_hash_from(th, h, units).tolist() == [0]
+    assert index_abs_many(np.array([2**31, 2**32 - 7, 7], np.uint64)).tolist() == [0, 7, 7]

@@ -37,7 +37,7 @@ from ..format import layout as L
 from .append import Appended, PutResults, now_ms
 from ..format.rules import SCHEDULE_TOPIC, advances_queue_offset, gets_index_keys
 from ..format.message import Host, Message, offset_msg_id, parse_properties
-from ..format.hashing import java_hash
+from ..format.hashing import index_abs_many, pow31, prefix_hash
 from ..errors import StoreIOError
 from ..format.crc import BODY_CRC_MASK
 
@@ -736,7 +736,7 @@ def _index_entries(dispatcher, c: _Dispatched, indexed):
     return index_hashes(full), kphy, kts
 
 
-_POW31_N = np.array([pow(31, k, 1 << 32) for k in range(_FAST_KEY_MAX + 1)], dtype=np.uint64)
+_POW31_N = pow31(_FAST_KEY_MAX + 1).copy()
 _POW31_F = _POW31_N.astype(np.float64)
 _prefix_terms: dict[str, np.ndarray] = {}
 
@@ -806,7 +806,7 @@ def _span_hashes(topic: str, buf: np.ndarray, ends: np.ndarray,
         return None
     terms = _prefix_terms.get(topic)
     if terms is None:
-        ph = java_hash(topic + "#") & 0xFFFFFFFF
+        ph = prefix_hash(topic)
         terms = (_POW31_N * np.uint64(ph)) & np.uint64(0xFFFFFFFF)
         if len(_prefix_terms) >= 4096:
             _prefix_terms.clear()
@@ -821,9 +821,7 @@ def _span_hashes(topic: str, buf: np.ndarray, ends: np.ndarray,
         part = mat.astype(np.float64) @ _POW31_F[width - 1::-1]
         h = h + part.astype(np.uint64)
     h &= np.uint64(0xFFFFFFFF)
-    out = np.abs(h.astype(np.uint32).view(np.int32).astype(np.int64))
-    out[out == 2**31] = 0  # Math.abs(MIN_VALUE) is negative: RocketMQ uses 0
-    return out
+    return index_abs_many(h)
 
 
 def put_index_hashes(index, key_hashes, phy_offsets, store_timestamps) -> None:

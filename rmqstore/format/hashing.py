@@ -12,7 +12,9 @@ hash built on it (spec §7.2: ``abs(hash("topic#key"))``, ``Integer.MIN_VALUE`` 
 * byte spans of a mapped buffer, read as text (:func:`span_hash`), and the index hash from
   the hashes of its parts (:func:`index_hash_from`).
 
-Several of these restate one rule for speed; issue 13 phase B pins them to one definition.
+Each fast form restates :func:`java_hash` for speed, from the one table of powers of 31
+(:func:`pow31`), and ends in the one ``Math.abs`` rule (:func:`index_abs`,
+:func:`index_abs_many`); the tests check every form against :func:`java_hash`.
 """
 
 from __future__ import annotations
@@ -31,19 +33,34 @@ def java_hash(s: str) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
-_POW31_GROWN = np.ones(1, dtype=np.uint64)
+_POW31 = np.ones(1, dtype=np.uint64)
 
 
-def _pow31_grown(n: int) -> np.ndarray:
-    """31**k mod 2**32 for k < n, as uint64 (grown and cached)."""
-    global _POW31_GROWN
-    if len(_POW31_GROWN) < n:
-        p = np.empty(max(n, 2 * len(_POW31_GROWN)), dtype=np.uint64)
+def pow31(n: int) -> np.ndarray:
+    """``31**k mod 2**32`` for ``k < n``, as uint64 (grown and cached; do not write to it):
+    the weights of Java's base-31 hash polynomial for every vector form here."""
+    global _POW31
+    if len(_POW31) < n:
+        p = np.empty(max(n, 2 * len(_POW31)), dtype=np.uint64)
         p[0] = 1
         for k in range(1, len(p)):  # only grows to the longest key seen
             p[k] = (int(p[k - 1]) * 31) & 0xFFFFFFFF
-        _POW31_GROWN = p
-    return _POW31_GROWN[:n]
+        _POW31 = p
+    return _POW31[:n]
+
+
+def index_abs(h: int) -> int:
+    """The IndexFile's ``Math.abs`` of a signed int32 Java hash: ``Integer.MIN_VALUE``, which
+    ``Math.abs`` leaves negative, becomes 0 as RocketMQ makes it (spec §7.2)."""
+    return 0 if h == -(2**31) else abs(h)
+
+
+def index_abs_many(h: np.ndarray) -> np.ndarray:
+    """:func:`index_abs` of many 32-bit hashes (any integer dtype, its low 32 bits read as
+    int32), as int64."""
+    out = np.abs(h.astype(np.uint32).view(np.int32).astype(np.int64))
+    out[out == 2**31] = 0
+    return out
 
 
 def java_hash_many(strings: Sequence[str]) -> np.ndarray:
@@ -59,7 +76,7 @@ def java_hash_many(strings: Sequence[str]) -> np.ndarray:
     ends = np.cumsum(lengths)
     owner = np.repeat(np.arange(n), lengths)
     exponent = ends[owner] - 1 - np.arange(units.size)
-    terms = (units * _pow31_grown(int(lengths.max()))[exponent]) & np.uint64(0xFFFFFFFF)
+    terms = (units * pow31(int(lengths.max()))[exponent]) & np.uint64(0xFFFFFFFF)
     sums = np.zeros(n, dtype=np.uint64)
     np.add.at(sums, owner, terms)
     return (sums & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32)
@@ -67,35 +84,22 @@ def java_hash_many(strings: Sequence[str]) -> np.ndarray:
 
 def index_hash(key: str) -> int:
     """Non-negative IndexFile hash of ``topic#key``; MIN_VALUE maps to 0 (spec §7.2)."""
-    h = java_hash(key)
-    return 0 if h == -(2**31) else abs(h)
+    return index_abs(java_hash(key))
 
 
 def index_hash_many(keys: Sequence[str]) -> np.ndarray:
-    h = java_hash_many(keys).astype(np.int64)
-    h = np.abs(h)
-    h[h == 2**31] = 0
-    return h.astype(np.int32)
+    """:func:`index_hash` of many keys, as int32."""
+    return index_abs_many(java_hash_many(keys)).astype(np.int32)
 
 
 # --- keys of one topic (spec §7.2) -----------------------------------------------------
 
 FAST_KEY_MAX = 256  # longer tokens take the general hash
-_POW_N = [pow(31, n, 1 << 32) for n in range(FAST_KEY_MAX + 1)]
-_POW_ROWS = [tuple(pow(31, n - 1 - i, 1 << 32) for i in range(n)) for n in range(FAST_KEY_MAX + 1)]
+_POW_N = pow31(FAST_KEY_MAX + 1).tolist()  # Python ints: the scalar fast form
+_POW_ROWS = [tuple(_POW_N[n - 1::-1]) if n else () for n in range(FAST_KEY_MAX + 1)]
 _DIGITS31 = b"0123456789abcdefghijklmnopqrstu"
 _Q31 = bytes(_DIGITS31[c // 31] if c < 128 else 48 for c in range(256))
 _R31 = bytes(_DIGITS31[c % 31] if c < 128 else 48 for c in range(256))
-
-
-def _pow31(n: int) -> np.ndarray:
-    p = np.ones(max(n, 1), dtype=np.uint64)
-    for k in range(1, n):
-        p[k] = (int(p[k - 1]) * 31) & 0xFFFFFFFF
-    return p
-
-
-_POW = _pow31(256)
 
 
 def prefix_hash(topic: str) -> int:
@@ -110,7 +114,7 @@ def token_hash(prefix: int, topic: str, token: str) -> int:
         b = token.encode("ascii")
         h = (prefix * _POW_N[n] + 31 * int(b.translate(_Q31), 31)
              + int(b.translate(_R31), 31)) & 0xFFFFFFFF
-        if h & 0x80000000:  # negative as int32: Math.abs, and MIN_VALUE becomes 0
+        if h & 0x80000000:  # index_abs on the unsigned form (the single-put path)
             h = 0 if h == 0x80000000 else 0x100000000 - h
         return h
     return index_hash(f"{topic}#{token}")
@@ -135,13 +139,12 @@ def token_hashes(prefix: int, tokens: Sequence[str]) -> np.ndarray | None:
         part = (units[starts[sel, None] + np.arange(length)] * pows).sum(axis=1) if length \
             else np.zeros(len(sel), dtype=np.uint64)
         h[sel] = (part + np.uint64(prefix * _POW_N[length] & 0xFFFFFFFF)) & np.uint64(0xFFFFFFFF)
-    return _java_abs(h)
+    return index_abs_many(h)
 
 
 def index_hashes(keys: Sequence[str]) -> np.ndarray:
     """Index hashes of many whole keys (``topic#token``, any text): Java
     ``String.hashCode`` as one matrix product per distinct UTF-16 length."""
-    global _POW
     n = len(keys)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -153,8 +156,7 @@ def index_hashes(keys: Sequence[str]) -> np.ndarray:
                            dtype=np.int64, count=n)
     units = np.frombuffer(joined, dtype=">u2").astype(np.uint64)
     starts = np.cumsum(lens) - lens
-    if int(lens.max()) > len(_POW):
-        _POW = _pow31(int(lens.max()))
+    pw = pow31(int(lens.max()))
     h = np.zeros(n, dtype=np.uint64)
     for length in np.unique(lens).tolist():
         if length == 0:
@@ -163,16 +165,8 @@ def index_hashes(keys: Sequence[str]) -> np.ndarray:
         mat = units[starts[sel, None] + np.arange(length)]
         # Each product is < 2**48, so the row sums cannot overflow 64 bits for keys
         # shorter than 65536 units; the mod 2**32 is taken once at the end.
-        h[sel] = (mat * _POW[length - 1::-1]).sum(axis=1) & np.uint64(0xFFFFFFFF)
-    return _java_abs(h)
-
-
-def _java_abs(h: np.ndarray) -> np.ndarray:
-    """Math.abs of the int32 view of 32-bit hashes; MIN_VALUE stays negative in Java and
-    RocketMQ then uses 0."""
-    out = np.abs(h.astype(np.uint32).view(np.int32).astype(np.int64))
-    out[out == 2**31] = 0
-    return out
+        h[sel] = (mat * pw[length - 1::-1]).sum(axis=1) & np.uint64(0xFFFFFFFF)
+    return index_abs_many(h)
 
 
 # --- Java String.hashCode over byte spans (spec §0) ----------------------------------------
@@ -193,15 +187,7 @@ def span_rows(u8: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
     return items[pos].view(np.uint8).reshape(len(pos), width)
 
 
-def _pow31_u32(n: int) -> np.ndarray:
-    p, v = np.ones(n + 1, np.uint32), 1
-    for k in range(1, n + 1):
-        v = v * 31 & 0xFFFFFFFF
-        p[k] = v
-    return p
-
-
-_SPAN_POW = _pow31_u32(_SPAN_FAST_MAX + 1)
+_SPAN_POW = pow31(_SPAN_FAST_MAX + 2).astype(np.uint32)
 # 31 is odd, so it has an inverse mod 2^32: trailing zero bytes can be divided back out.
 _SPAN_INV31 = pow(31, -1, 2**32)
 _SPAN_INVPOW = np.array([pow(_SPAN_INV31, k, 2**32) for k in range(_SPAN_FAST_MAX + 2)], np.uint32)
@@ -271,10 +257,7 @@ def index_hash_from(topic_hash: np.ndarray, key_hash: np.ndarray, key_units: np.
     """IndexFile hash of ``topic + "#" + key`` from the parts' Java hashes (spec §7.2):
     hash(a + b) = hash(a) * 31^len(b) + hash(b), all mod 2^32."""
     maxu = int(key_units.max()) if len(key_units) else 0
-    pw = _pow31_u32(maxu + 1)
+    pw = pow31(maxu + 2).astype(np.uint32)
     prefix = (topic_hash.astype(np.uint32) * np.uint32(31) + np.uint32(ord("#"))).astype(np.uint32)
     h = (prefix * pw[key_units] + key_hash.astype(np.uint32)).astype(np.uint32)
-    s = h.view(np.int32).astype(np.int64)
-    s = np.abs(s)
-    s[s == 2**31] = 0  # Math.abs(MIN_VALUE) stays negative; the broker maps it to 0
-    return s
+    return index_abs_many(h)
