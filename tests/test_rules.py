@@ -46,3 +46,13 @@ def test_index_keys_order_and_rollback():
     assert R.index_keys("T", "U1", "a", 0x8) == ["T#U1", "T#a"]
     assert R.index_keys("T", "U1", "a", 0x4) == ["T#U1", "T#a"]
     assert R.index_keys("T", "U1", "a", 0xC) == []
+
+
+def test_tags_code_is_the_tags_hash_or_the_delivery_time():
+    """spec §6.1: the Java hash of TAGS (0 without), or for SCHEDULE_TOPIC_XXXX with a
+    DELAY level the store time plus that level's delay (level 3 = 10 s by default)."""
+    assert R.tags_hash(None) == 0 and R.tags_hash("") == 0
+    assert R.tags_hash("polygenelubricants") == -(2**31)  # a known Java hashCode
+    assert R.tags_code("T", {"TAGS": "polygenelubricants"}, 5) == -(2**31)
+    assert R.tags_code("T", {"DELAY": "3"}, 1000) == 0
+    assert R.tags_code(R.SCHEDULE_TOPIC, {"DELAY": "3", "TAGS": "x"}, 1000) == 11_000

@@ -28,8 +28,7 @@ import numpy as np
 
 from ..format import layout as L
 from .append import Appended
-from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit, gets_index_keys
-from ..format.hashing import java_hash
+from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit, gets_index_keys, tags_hash
 from ..format.message import parse_properties
 from ..files.consumequeue import ConsumeQueueWriter
 from ..format.hashing import index_hashes, prefix_hash, token_hash, token_hashes
@@ -62,7 +61,7 @@ class Dispatcher:
         self.on_logics = on_logics or (lambda ts: None)
         self._writers: dict[tuple[str, int], ConsumeQueueWriter] = {}
         self._tags: dict[str, int] = {}
-        self._key_prefix: dict[str, int] = {}  # topic -> java_hash(topic + "#"), unsigned
+        self._key_prefix: dict[str, int] = {}  # topic -> prefix_hash(topic)
         self.dispatched = 0  # records handled
         self._pending: list = []  # index keys not yet put: topic, key, offset, timestamp, ...
         self._room = 0  # keys that may still wait: room left in the last index file
@@ -95,7 +94,7 @@ class Dispatcher:
             # Tags repeat a lot; the Java hash of each distinct one is computed once.
             if len(self._tags) >= _TAGS_CACHE_MAX:
                 self._tags.clear()
-            code = self._tags[tags] = java_hash(tags)
+            code = self._tags[tags] = tags_hash(tags)
         return code
 
     def put_units(self, key: tuple[str, int], queue_offset: int, data: bytes,
@@ -373,7 +372,7 @@ class Dispatcher:
         for t in set(tags):
             if t not in codes_of:
                 c = self._tags.get(t)
-                codes_of[t] = java_hash(t) if c is None else c
+                codes_of[t] = tags_hash(t) if c is None else c
         codes = np.fromiter(map(codes_of.__getitem__, tags), dtype=np.int64, count=n)
         if SCHEDULE_TOPIC in distinct:
             for i in np.flatnonzero(cq).tolist():

@@ -32,6 +32,13 @@ def parse_delay_levels(text: str = DEFAULT_DELAY_LEVELS) -> tuple[int, ...]:
     return tuple(out)
 
 
+def tags_hash(tags: str | None) -> int:
+    """tagsCode outside SCHEDULE_TOPIC_XXXX: the Java hash of TAGS, 0 without TAGS (spec
+    §6.1; ``"".hashCode()`` is 0 too). Bulk forms hash each distinct value with
+    :mod:`rmqstore.format.hashing`'s vector forms."""
+    return java_hash(tags) if tags else 0
+
+
 def tags_code(topic: str, properties: Mapping[str, str], store_timestamp: int,
               delay_millis: Sequence[int] = parse_delay_levels()) -> int:
     """The 8-byte tagsCode dispatch writes into a ConsumeQueue unit."""
@@ -42,8 +49,7 @@ def tags_code(topic: str, properties: Mapping[str, str], store_timestamp: int,
             level = 0  # Java would throw here (spec §14.12); we report tagsCode 0
         if level > 0:
             return store_timestamp + (delay_millis[level - 1] if level <= len(delay_millis) else 1000)
-    tags = properties.get("TAGS")
-    return java_hash(tags) if tags else 0
+    return tags_hash(properties.get("TAGS"))
 
 
 # --- transactions (spec §3.2, §6.1, §7.3) ------------------------------------------------
