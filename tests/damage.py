@@ -172,7 +172,9 @@ def conf_garbage(c: Case, rng):
     elif v == 4:
         (c.sandbox / "conf").mkdir(exist_ok=True)
         c.conf = c.sandbox / "conf" / "broker.conf"
-        c.conf.mkdir()
+        if c.conf.is_file():  # a conf-* kind applied before wrote one
+            c.conf.unlink()
+        c.conf.mkdir(exist_ok=True)
     else:
         c.conf = c.sandbox / "conf" / "missing.conf"
     c.note(f"conf-garbage: variant {v}")

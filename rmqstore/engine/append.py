@@ -951,7 +951,7 @@ def _data_extents(path, lo: int, hi: int) -> list[tuple[int, int]]:
     if not hasattr(os, "SEEK_DATA"):
         return [(lo, hi)]
     out = []
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         at = lo
         while at < hi:

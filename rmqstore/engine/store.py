@@ -49,7 +49,7 @@ def _zeros_at(queue: SegmentQueue, offset: int) -> bool:
         seg, pos = queue.find(offset)
     except OffsetError:
         return False
-    fd = os.open(seg.path, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = os.open(seg.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         return not os.pread(fd, 4, pos).strip(b"\0")
     finally:

@@ -22,7 +22,7 @@ def read_marker(root: Path) -> dict | None:
     if not os.path.lexists(p):
         return None
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         try:
             doc = json.loads(os.read(fd, _MARKER_MAX))
         finally:

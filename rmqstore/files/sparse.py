@@ -64,7 +64,7 @@ def nonzero_end(path: str | os.PathLike, start: int, end: int) -> int:
     """One past the last non-zero byte of ``[start, end)`` of a file (``start`` when it is
     all zeros), read from the end back through the data extents only: a preallocated
     1 GiB segment's hole costs nothing."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         end = min(end, os.fstat(fd).st_size)
         for a, b in reversed(list(data_extents(fd, start, end))):
@@ -83,7 +83,7 @@ def nonzero_end(path: str | os.PathLike, start: int, end: int) -> int:
 def allocated_in(path: str | os.PathLike, offset: int, length: int) -> int:
     """Bytes of ``[offset, offset + length)`` that are not holes (an upper bound on what
     a sparse copy of the range takes)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         end = min(offset + length, os.fstat(fd).st_size)
         return sum(b - a for a, b in data_extents(fd, offset, end))
@@ -129,7 +129,7 @@ def copy_file(src: str | os.PathLike, dst: str | os.PathLike, *, fsync: bool = T
         os.mknod(dst, st.st_mode, st.st_rdev)
         os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
         return
-    s = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
+    s = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         d = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
@@ -185,16 +185,17 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 
 def fsync_tree(path: str | os.PathLike) -> None:
-    """fsync a file, or every file and directory under a directory (links are skipped)."""
+    """fsync a file, or every file and directory under a directory (links, FIFOs,
+    sockets and devices are skipped: opening a FIFO would block, and they hold no data)."""
     st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
         return
     if stat.S_ISDIR(st.st_mode):
         for entry in os.listdir(path):
             fsync_tree(os.path.join(path, entry))
         fsync_dir(path)
         return
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         os.fsync(fd)
     finally:

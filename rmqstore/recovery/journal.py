@@ -347,7 +347,7 @@ class Journal:
         p = confine(self.root, rel)
         if kind == "range":
             offset, length = int(req[2]), int(req[3])
-            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             try:
                 st = os.fstat(fd)
                 item = {"kind": kind, "path": rel, "offset": offset, "size": st.st_size,

@@ -176,7 +176,7 @@ def swap_in(new: Path, target: Path, old: Path) -> None:
 
 def _fsync_dir(p: Path) -> None:
     try:
-        fd = os.open(p, os.O_RDONLY)
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return
     try:

@@ -129,7 +129,7 @@ def first_record_in(path: Path, max_record: int, start: int = 0,
     stop = info.st_size if stop is None else min(stop, info.st_size)
     magics = [m.to_bytes(4, "big", signed=True) for m in MESSAGE_MAGICS]
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:
