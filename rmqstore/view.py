@@ -27,7 +27,8 @@ from typing import Any
 
 from .format import layout as L
 from .format.compression import DecodedBody, compression_of, decode_body as decompress_body
-from .format.message import Host, Message, properties_need_text
+from .format.message import (Host, Message, is_offset_msg_id, offset_msg_id_at,
+                              offset_msg_id_prefix, properties_need_text)
 from .format.crc import body_crc
 from .errors import InputError, StoreIOError
 from .uniqkey import uniq_key_info
@@ -121,7 +122,7 @@ class BodyDir:
 
     def __call__(self, msg_id: str, data: bytes) -> str:
         name = msg_id.upper()
-        if not name or any(c not in "0123456789ABCDEF" for c in name):
+        if not is_offset_msg_id(name):
             raise InputError(f"refusing body file name {msg_id!r}: not an offsetMsgId")
         final = self.dir / name
         tmp = self.dir / f".{name}.{os.getpid()}.tmp"
@@ -243,8 +244,7 @@ def message_dicts(cols, body: str = "base64", indices=None, *, charset: str = "u
                 store = store_text[skey] = str(cols.host("store_host", i))
             prefix = prefixes.get(skey)
             if prefix is None:
-                h = cols.host("store_host", i)
-                prefix = prefixes[skey] = h.address + h.port.to_bytes(4, "big", signed=True)
+                prefix = prefixes[skey] = offset_msg_id_prefix(cols.host("store_host", i))
             text = mv[ppos:ppos + plen].tobytes().decode("utf-8", "replace")
             props = parse_properties(text)
             d = {
@@ -254,7 +254,7 @@ def message_dicts(cols, body: str = "base64", indices=None, *, charset: str = "u
                 "storeHost": store, "reconsumeTimes": recon, "preparedTransactionOffset": prep,
                 "topic": names[tid], "properties": props, "tags": props.get("TAGS"),
                 "keys": split_keys(props.get("KEYS")), "uniqKey": props.get("UNIQ_KEY"),
-                "offsetMsgId": (prefix + phys.to_bytes(8, "big", signed=True)).hex().upper(),
+                "offsetMsgId": offset_msg_id_at(prefix, phys),
             }
             d.update(body_fields(mv[bpos:bpos + blen].tobytes(), sysf, body, charset, sink,
                                  d["offsetMsgId"]))

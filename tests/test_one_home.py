@@ -22,6 +22,9 @@ PATTERNS = {
     "20-byte width": re.compile(r"(?<!\*)\*\s*20\b|\b20\s*\*(?!\*)"),
     "big-endian struct": re.compile(r"""["'][>!][bhilqBHILQ?]+["']"""),
     "numeric buffer slice": re.compile(r"\[\s*\w+\s*\+\s*\d+\s*:\s*\w+\s*\+\s*\d+\s*\]"),
+    # offsetMsgId text (spec §5.1) is spelled by format.message alone: uppercase hex of
+    # packed bytes, a 16-digit offset, an id cut back to its host prefix, a digit table.
+    "uppercase hex id": re.compile(r"\.hex\(\)\.upper\(\)|:0?16X\b|\[:-16\]|0123456789ABCDEF"),
 }
 
 #: (file, pattern) -> how many copies remain, with why. Only shrinks.
@@ -32,6 +35,8 @@ ALLOWED: dict[tuple[str, str], int] = {
     # The split walk's field readers (_I32, _I16, _I8, _I64). Other branches are editing
     # splits.py; these move to layout-derived structs after they land.
     ("rmqstore/scan/splits.py", "big-endian struct"): 4,
+    # A new UNIQ_KEY (spec §5.2), not an offsetMsgId: its own layout, made in one place.
+    ("rmqstore/engine/broker.py", "uppercase hex id"): 1,
 }
 
 
@@ -69,11 +74,14 @@ def test_the_patterns_see_what_they_are_for(tmp_path):
     (tmp_path / "cli").mkdir()
     (pkg / "x.py").write_text(
         "a = sys_flag & 0xC\nb = crc & 0x7FFFFFFF\nc = queue_offset * 20\nd = 20 * n\n"
-        "e = struct.Struct('>i')\nf = buf[pos + 36:pos + 40]\ng = 2**20\nh = 1 << 20\n")
+        "e = struct.Struct('>i')\nf = buf[pos + 36:pos + 40]\ng = 2**20\nh = 1 << 20\n"
+        "i = raw.hex().upper()\nj = f'{p}{o:016X}'\nk = mid[:-16]\nl = b'0123456789ABCDEF'\n"
+        "m = raw.hex()\n")
     (pkg / "format" / "layout.py").write_text("a = x & 0xC\n")
     found = scan(tmp_path)
     assert found == Counter({("rmqstore/x.py", "transaction mask"): 1,
                              ("rmqstore/x.py", "31-bit mask"): 1,
                              ("rmqstore/x.py", "20-byte width"): 2,
                              ("rmqstore/x.py", "big-endian struct"): 1,
-                             ("rmqstore/x.py", "numeric buffer slice"): 1})
+                             ("rmqstore/x.py", "numeric buffer slice"): 1,
+                             ("rmqstore/x.py", "uppercase hex id"): 4})

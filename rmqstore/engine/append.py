@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..format import layout as L
-from ..format.message import Message, offset_msg_id
+from ..format.message import Message, offset_msg_id, offset_msg_id_at, offset_msg_id_prefix
 from ..format.rules import NO_QUEUE_OFFSET_BIT, advances_queue_offset
 from ..format.crc import BODY_CRC_MASK, body_crc
 from ..files.config import StoreConfig
@@ -99,7 +99,7 @@ class PutResult:
     def msg_id(self) -> str:
         m = self._msg_id
         if m is None:
-            m = self._msg_id = f"{self._prefix}{self.offset:016X}"
+            m = self._msg_id = offset_msg_id_at(self._prefix, self.offset)
         return m
 
     @msg_id.setter
@@ -164,7 +164,7 @@ class PutResults(_SequenceABC):
     def _made(self) -> list[PutResult]:
         if self._list is None:
             ok = PutStatus.PUT_OK
-            self._list = [PutResult(ok, o, s, q, t, f"{p}{o:016X}") for o, s, q, t, p in zip(
+            self._list = [PutResult(ok, o, s, q, t, offset_msg_id_at(p, o)) for o, s, q, t, p in zip(
                 self._offsets.tolist(), self._sizes.tolist(), self._queue_offsets.tolist(),
                 self._timestamps, self._prefixes)]
         return self._list
@@ -671,7 +671,7 @@ class CommitLogAppender:
         fixed, st, host_bits = self._fixed[(len(born[0]) == 16) + 2 * (len(store[0]) == 16)]
         prefix = self._msg_id_prefix.get(store)
         if prefix is None:
-            prefix = offset_msg_id(store, 0)[:-16]
+            prefix = offset_msg_id_prefix(store)
             if len(self._msg_id_prefix) < 1024:
                 self._msg_id_prefix[store] = prefix
         self._hosts = hosts = (born, store, fixed, st, host_bits, prefix)
@@ -815,10 +815,10 @@ class CommitLogAppender:
                 except StoreIOError as e:
                     self.dispatch_failed(e)
         if len(store_set) == 1:
-            prefix = self._msg_id_prefix.get(store_hosts[0]) or offset_msg_id(store_hosts[0], 0)[:-16]
+            prefix = self._msg_id_prefix.get(store_hosts[0]) or offset_msg_id_prefix(store_hosts[0])
             prefixes = itertools.repeat(prefix, n)
         else:
-            prefixes = [offset_msg_id(h, 0)[:-16] for h in store_hosts]
+            prefixes = [offset_msg_id_prefix(h) for h in store_hosts]
         return PutResults(phys, totals, qoffs, ts_list, prefixes)
 
     def dispatch_failed(self, e: StoreIOError) -> None:

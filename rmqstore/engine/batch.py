@@ -36,7 +36,7 @@ import numpy as np
 from ..format import layout as L
 from .append import Appended, PutResults, now_ms
 from ..format.rules import SCHEDULE_TOPIC, advances_queue_offset, gets_index_keys
-from ..format.message import Host, Message, offset_msg_id, parse_properties
+from ..format.message import Host, Message, offset_msg_id_prefix, parse_properties
 from ..format.hashing import index_abs_many, pow31, prefix_hash
 from ..errors import StoreIOError
 from ..format.crc import BODY_CRC_MASK
@@ -546,7 +546,7 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
         ts_list = itertools.repeat(store_ts, n)
     else:
         ts_list = store_ts.tolist()
-    prefix = a._msg_id_prefix.get(st_host) or offset_msg_id(st_host, 0)[:-16]
+    prefix = a._msg_id_prefix.get(st_host) or offset_msg_id_prefix(st_host)
     results = PutResults(phys, totals, qoffs, ts_list, itertools.repeat(prefix, n))
     if store._sync_flush and not store.flusher.wait_flushed(results.end):
         from .append import PutStatus

@@ -174,6 +174,13 @@ BatchConsumeQueueUnit = Struct(
     "reserved" / Int32sb,
 )
 
+# --- offsetMsgId (spec §5.1) -------------------------------------------------------------
+
+#: The bytes an offsetMsgId's hex text spells: the store host as the record holds it
+#: (4- or 16-byte address, i32 port), then the i64 PHYSICALOFFSET.
+OffsetMsgIdV4 = Struct(*HostV4.subcons, "physical_offset" / Int64sb)
+OffsetMsgIdV6 = Struct(*HostV6.subcons, "physical_offset" / Int64sb)
+
 # --- IndexFile (spec §7.1) ---------------------------------------------------------------
 
 IndexHeader = Struct(
@@ -303,6 +310,16 @@ RECORD_PROPERTIES_LENGTH_STRUCT = derive_struct(Struct(_record_field("properties
 RECORD_HEAD_SIZE = RecordHead.sizeof()
 BLANK_STRUCT = derive_struct(Struct("total_size" / Int32sb, "magic" / Int32sb))
 
+#: By store-host width (is it IPv6?): the offsetMsgId's bytes, their struct and dtype,
+#: and the prefix (store host) and suffix (offset) structs a writer packs separately.
+OFFSET_MSG_ID = {False: OffsetMsgIdV4, True: OffsetMsgIdV6}
+OFFSET_MSG_ID_SIZE = {v6: con.sizeof() for v6, con in OFFSET_MSG_ID.items()}
+OFFSET_MSG_ID_STRUCT = {v6: derive_struct(con) for v6, con in OFFSET_MSG_ID.items()}
+OFFSET_MSG_ID_DTYPE = {v6: derive_dtype(con) for v6, con in OFFSET_MSG_ID.items()}
+#: Hex characters (two per byte) -> is the store host IPv6: 32 -> False, 56 -> True.
+OFFSET_MSG_ID_HEX_LENGTHS = {2 * size: v6 for v6, size in OFFSET_MSG_ID_SIZE.items()}
+OFFSET_MSG_ID_HOST_STRUCT = {False: derive_struct(HostV4), True: derive_struct(HostV6)}
+OFFSET_MSG_ID_OFFSET_STRUCT = derive_struct(Struct(OffsetMsgIdV4.subcons[-1]))
 CQ_UNIT_SIZE = ConsumeQueueUnit.sizeof()
 CQ_UNIT_STRUCT = derive_struct(ConsumeQueueUnit)
 CQ_UNIT_DTYPE = derive_dtype(ConsumeQueueUnit)

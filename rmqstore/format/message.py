@@ -11,6 +11,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, NamedTuple
 
+import numpy as np
+
 from ..errors import InputError
 from . import layout as L
 
@@ -101,24 +103,75 @@ class Host(NamedTuple):
         return cls(ip.packed, port)
 
 
+def offset_msg_id_prefix(store_host: Host) -> str:
+    """The store-host half of an offsetMsgId (spec §5.1): address + i32 port as uppercase
+    hex. Writers keep it per host and finish ids with :func:`offset_msg_id_at`."""
+    return L.OFFSET_MSG_ID_HOST_STRUCT[store_host.is_v6].pack(*store_host).hex().upper()
+
+
+def offset_msg_id_at(prefix: str, physical_offset: int) -> str:
+    """The offsetMsgId of ``physical_offset`` from its store host's
+    :func:`offset_msg_id_prefix`: the i64 offset appended as uppercase hex (spec §5.1)."""
+    return prefix + L.OFFSET_MSG_ID_OFFSET_STRUCT.pack(physical_offset).hex().upper()
+
+
 def offset_msg_id(store_host: Host, physical_offset: int) -> str:
     """offsetMsgId: store address + port + physical offset, uppercase hex (spec §5.1)."""
-    return (store_host.address + store_host.port.to_bytes(4, "big", signed=True)
-            + physical_offset.to_bytes(8, "big", signed=True)).hex().upper()
+    return L.OFFSET_MSG_ID_STRUCT[store_host.is_v6].pack(
+        store_host.address, store_host.port, physical_offset).hex().upper()
+
+
+def is_offset_msg_id(text: str) -> bool:
+    """Whether ``text`` has an offsetMsgId's shape: 32 or 56 hex digits, either case."""
+    return (len(text) in L.OFFSET_MSG_ID_HEX_LENGTHS
+            and all(c in "0123456789ABCDEFabcdef" for c in text))
 
 
 def decode_offset_msg_id(msg_id: str) -> tuple[Host, int]:
     """(store host, physical offset) from an offsetMsgId of 32 or 56 hex characters."""
     text = msg_id.strip()
-    if len(text) not in (32, 56):
+    v6 = L.OFFSET_MSG_ID_HEX_LENGTHS.get(len(text))
+    if v6 is None:
         raise InputError(f"offsetMsgId must have 32 or 56 hex characters, got {len(text)}: {text!r}")
     try:
         raw = bytes.fromhex(text)
     except ValueError:
         raise InputError(f"offsetMsgId is not hexadecimal: {text!r}") from None
-    alen = 4 if len(raw) == 16 else 16
-    port = int.from_bytes(raw[alen:alen + 4], "big", signed=True)
-    return Host(raw[:alen], port), int.from_bytes(raw[alen + 4:], "big", signed=True)
+    if len(raw) != L.OFFSET_MSG_ID_SIZE[v6]:  # fromhex skips spaces: "C0A8 0064 …"
+        raise InputError(f"offsetMsgId is not hexadecimal: {text!r}")
+    address, port, offset = L.OFFSET_MSG_ID_STRUCT[v6].unpack(raw)
+    return Host(address, port), offset
+
+
+_HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+
+
+def offset_msg_ids(address: np.ndarray, port: np.ndarray, v6: np.ndarray,
+                   physical_offset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`offset_msg_id` of many records at once: ``address`` is (n, 16) bytes (an IPv4
+    address in the first 4), ``port``, ``v6`` (is the store host IPv6) and
+    ``physical_offset`` have one entry per record. Returns (offsets, data): id ``i`` is the
+    ASCII ``data[offsets[i]:offsets[i + 1]]`` (an Arrow string array's buffers)."""
+    n = len(physical_offset)
+    v6 = np.asarray(v6, dtype=bool)
+    hex_len = np.where(v6, 2 * L.OFFSET_MSG_ID_SIZE[True], 2 * L.OFFSET_MSG_ID_SIZE[False])
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(hex_len, out=offsets[1:])
+    data = np.empty(int(offsets[-1]), np.uint8)
+    for wide, sel in ((False, np.flatnonzero(~v6)), (True, np.flatnonzero(v6))):
+        if len(sel) == 0:
+            continue
+        dtype = L.OFFSET_MSG_ID_DTYPE[wide]
+        rows = np.empty(len(sel), dtype)
+        rows["address"] = address[sel, :dtype["address"].shape[0]]
+        rows["port"] = port[sel]
+        rows["physical_offset"] = physical_offset[sel]
+        raw = rows.view(np.uint8).reshape(len(sel), dtype.itemsize)
+        hexed = np.empty((len(sel), 2 * dtype.itemsize), np.uint8)
+        hexed[:, 0::2] = _HEX_DIGITS[raw >> 4]
+        hexed[:, 1::2] = _HEX_DIGITS[raw & 15]
+        data[offsets[sel][:, None] + np.arange(hexed.shape[1])] = hexed
+    return offsets, data
 
 
 # --- the message -------------------------------------------------------------------------

@@ -15,12 +15,11 @@ import numpy as np
 from ..format import layout as L
 from . import records as scan
 from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit, parse_delay_levels, tags_code
-from ..format.message import Host
+from ..format.message import Host, offset_msg_ids
 
 
 # --- decoded columns (Arrow) ---------------------------------------------------------------
 
-_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 _SPAN_PARTS = 6  # header, body, topic length, topic, properties length, properties
 _BODY, _TOPIC, _PROPS = 1, 3, 5
 
@@ -66,27 +65,13 @@ def _host_strings(addr: np.ndarray, port: np.ndarray, v6: np.ndarray):
 
 
 def _offset_msg_ids(hosts: dict, phys: np.ndarray):
-    """offsetMsgId (spec §5.1): store address + port + PHYSICALOFFSET as uppercase hex."""
+    """offsetMsgId (spec §5.1) of each record, as :func:`offset_msg_ids` spells it."""
     import pyarrow as pa
 
-    n = len(phys)
-    v6 = hosts["store_v6"]
-    raw_len = np.where(v6, 28, 16)
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(raw_len * 2, out=offsets[1:])
-    data = np.empty(int(offsets[-1]), np.uint8)
-    port = hosts["store_host_port"].astype(">i4").view(np.uint8).reshape(n, 4)
-    phy = phys.astype(">i8").view(np.uint8).reshape(n, 8)
-    for alen, sel in ((4, np.flatnonzero(~v6)), (16, np.flatnonzero(v6))):
-        if len(sel) == 0:
-            continue
-        raw = np.concatenate([hosts["store_host_address"][sel, :alen], port[sel], phy[sel]], axis=1)
-        hexed = np.empty((len(sel), raw.shape[1] * 2), np.uint8)
-        hexed[:, 0::2] = _HEX[raw >> 4]
-        hexed[:, 1::2] = _HEX[raw & 15]
-        data[offsets[sel][:, None] + np.arange(hexed.shape[1])] = hexed
-    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets.astype(np.int32)),
-                                                  pa.py_buffer(data)])
+    offsets, data = offset_msg_ids(hosts["store_host_address"], hosts["store_host_port"],
+                                   hosts["store_v6"], phys)
+    return pa.Array.from_buffers(pa.string(), len(phys), [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                          pa.py_buffer(data)])
 
 
 def _spans(records: scan.RecordColumns):
