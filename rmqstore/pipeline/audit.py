@@ -4,6 +4,9 @@ Plain numpy; the Spark ``audit`` job calls :func:`audit_queue` once per (store, 
 queue) group, and a non-Spark caller can do the same. Rules (spec §6.1, §9;
 spark-notes "ConsumeQueue rebuild and audit"):
 
+The kinds, their meanings and the verify codes that correspond are
+:data:`rmqstore.recovery.findings.CQ_AUDIT_KINDS`:
+
 * implied units come from NOT_TYPE and COMMIT records only; of records sharing a queue
   offset the first in CommitLog order counts and the others are ``duplicate``;
 * a gap inside the implied queue offsets is a ``hole`` (a queue need not start at 0);
@@ -19,14 +22,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..format import layout as L
+from ..recovery.findings import CQ_AUDIT_KINDS, INFO as _INFO
 
-PROBLEMS = ("missing", "extra", "beyond-end", "mismatch", "hole", "duplicate")
-INFO = ("expired",)
+PROBLEMS = tuple(k for k, (sev, _, _) in CQ_AUDIT_KINDS.items() if sev != _INFO)
+INFO = tuple(k for k, (sev, _, _) in CQ_AUDIT_KINDS.items() if sev == _INFO)
 FINDING_FIELDS = ("kind", "queueOffset", "expectedOffset", "expectedSize", "expectedTagsCode",
                   "actualOffset", "actualSize", "actualTagsCode", "detail")
 
 
 def _finding(kind, qo, exp=None, act=None, detail=""):
+    if kind not in CQ_AUDIT_KINDS:
+        raise ValueError(f"not a ConsumeQueue audit kind: {kind!r}")
     e = exp if exp is not None else (None, None, None)
     a = act if act is not None else (None, None, None)
     return {"kind": kind, "queueOffset": qo, "expectedOffset": e[0], "expectedSize": e[1],

@@ -42,73 +42,7 @@ from ..errors import NotAStoreError
 from ..files.listing import entries, odd_entry
 from ..scan.dispatch import StoreScan
 from ..files.segments import SegmentQueue
-
-ERROR, WARNING, INFO = "error", "warning", "info"
-
-#: Every finding code, its severity and what it means (docs/playbook.md explains more).
-CODES = {
-    "commitlog-end": (INFO, "where valid CommitLog data ends (the 'ok up to' line)"),
-    "commitlog-tail": (ERROR, "bytes after the end of valid data: a torn record or garbage"),
-    "commitlog-debris": (INFO, "a record an earlier broker recovery cut off; ignored by brokers"),
-    "commitlog-segment": (ERROR, "a segment file with a bad name, size or place (the broker refuses to load)"),
-    "commitlog-gap": (ERROR, "a missing segment: everything after it is unreachable"),
-    "commitlog-unreachable": (ERROR, "segments after the end of valid data that hold data"),
-    "commitlog-preallocated": (INFO, "an all-zero segment after the end (preallocated; the broker deletes it)"),
-    "record-body-crc": (ERROR, "a record inside the log whose body fails its CRC"),
-    "record-physical-offset": (WARNING, "a record whose PHYSICALOFFSET differs from its position"),
-    "stray-file": (ERROR, "a file where the broker expects only segment or index files"),
-    "symlink": (ERROR, "a symbolic link below commitlog/, consumequeue/ or index/: never followed, moved or deleted"),
-    "special-file": (ERROR, "a FIFO, socket or device inside the store: never read, moved or deleted"),
-    "record-topic-unsafe": (ERROR, "records whose topic cannot be a directory name ('/', '..', NUL, too long)"),
-    "rebuild-leftover": (WARNING, "scratch directory of an interrupted rmqstore rebuild"),
-    "repair-interrupted": (ERROR, "an rmqstore repair or restore did not finish (its marker is in the store root)"),
-    "cq-segment": (ERROR, "a ConsumeQueue segment with a bad name, size or place"),
-    "cq-hole": (ERROR, "units after an empty unit: the broker's load stops at the hole"),
-    "cq-beyond-end": (WARNING, "units pointing at or past the CommitLog end"),
-    "cq-stale-unit": (INFO, "a unit for the record an earlier recovery cut off (RocketMQ leaves its bytes)"),
-    "cq-bad-pointer": (ERROR, "units pointing where no valid record starts"),
-    "cq-mismatch": (ERROR, "units whose record has another size, topic, queue id or queue offset"),
-    "cq-duplicate": (ERROR, "two units for the same record"),
-    "cq-tags-mismatch": (WARNING, "units whose tagsCode differs from what dispatch computes"),
-    "cq-missing": (ERROR, "records with no unit inside the queue's range"),
-    "cq-missing-tail": (WARNING, "records at the queue's tail with no unit yet"),
-    "index-file": (ERROR, "an IndexFile that cannot be read with the store's geometry"),
-    "index-header": (ERROR, "an IndexFile header that disagrees with its entries"),
-    "index-chain": (ERROR, "broken hash chains (bad slot heads, links forward or across slots)"),
-    "index-orphan": (WARNING, "entries no slot chain reaches (queries never find them)"),
-    "index-beyond-end": (WARNING, "entries pointing at or past the CommitLog end"),
-    "index-bad-pointer": (ERROR, "entries pointing where no valid record starts"),
-    "index-gap": (ERROR, "records between two IndexFiles whose keys are in neither"),
-    "index-behind": (WARNING, "records after the last IndexFile's end whose keys are not indexed"),
-    "index-missing-keys": (ERROR, "(deep) keys of messages the index does not hold"),
-    "index-stray-entries": (ERROR, "(deep) entries whose record carries no key with that hash"),
-    "index-duplicate": (INFO, "(deep) a record indexed twice by a re-dispatch (spec §14.7)"),
-    "checkpoint": (WARNING, "checkpoint missing, unreadable, behind or ahead of the data"),
-    "abort-present": (WARNING, "the last broker run did not shut down cleanly"),
-    "store-locked": (WARNING, "a process (a broker?) holds the store lock; files may change"),
-    "store-feature": (WARNING, "a broker feature rmqstore does not check yet; findings about its "
-                               "queues may be wrong, and the writes it would break refuse"),
-    "geometry-unknown": (WARNING, "geometry the files do not determine (pass --config); checks "
-                                  "that need it are skipped or use a guess"),
-}
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem (or note): ``offset`` is a byte position inside ``file``."""
-
-    code: str
-    severity: str
-    file: str | None
-    offset: int | None
-    explanation: str
-    data: dict = field(default_factory=dict, compare=False)
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d.update(d.pop("data"))
-        return d
-
+from .findings import CODES, ERROR, INFO, WARNING, Collector, Finding
 
 @dataclass
 class Forecast:
@@ -147,28 +81,6 @@ class VerifyReport:
                 "bytes": self.bytes, "errors": sum(f.severity == ERROR for f in self.findings),
                 "warnings": sum(f.severity == WARNING for f in self.findings),
                 "nextStart": asdict(self.forecast) if self.forecast else None}
-
-
-class Collector:
-    """Builds findings with paths relative to the store root."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.findings: list[Finding] = []
-
-    def rel(self, path) -> str | None:
-        if path is None:
-            return None
-        p = Path(path)
-        try:
-            return str(p.relative_to(self.root))
-        except ValueError:
-            return str(p)
-
-    def add(self, code: str, path, offset: int | None, explanation: str, *,
-            severity: str | None = None, **data) -> None:
-        sev = severity or CODES[code][0]
-        self.findings.append(Finding(code, sev, self.rel(path), offset, explanation, data))
 
 
 # --- CommitLog -----------------------------------------------------------------------------
