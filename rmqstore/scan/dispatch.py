@@ -21,6 +21,7 @@ from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit, gets_index_keys, parse_
 from ..format.hashing import java_hash
 from .records import RecordColumns, columns, consistent, walk_chain, walk_range
 from .properties import PropertyIndex
+from . import handover
 from ..format.hashing import index_hash_from, signed_int32, span_hash
 
 # --- one segment -----------------------------------------------------------------------
@@ -211,17 +212,17 @@ def split_dispatch(split, check_crc: bool, delay_millis, keys: bool, pack):
         w.close()
 
 
-# What a split's part carries back to the parent, narrowed: offsets follow from the sizes
-# (the chain is contiguous), PHYSICALOFFSET is sent only when it differs from them, and
-# 32-bit fields travel as 32-bit ints. Pickling is most of a worker's hand-over cost.
-_NARROW = {"size": np.int32, "queue_id": np.int32, "sys_flag": np.int32,
-           "topic_id": np.int32, "key_record": np.int32, "key_hash": np.int32}
-_WIDE = ("queue_offset", "store_timestamp", "tags_code", "consistent", "crc_ok")
+# A split's part in the hand-over format (rmqstore.scan.handover) with the COLUMNS
+# payload, narrowed: PHYSICALOFFSET is sent only when it differs from the record offsets
+# (the head gives those), and 32-bit fields travel as 32-bit ints.
+_NARROW = {"queue_id": np.int32, "sys_flag": np.int32, "topic_id": np.int32,
+           "key_record": np.int32, "key_hash": np.int32}
+_WIDE = ("queue_offset", "store_timestamp", "tags_code")
 
 
 def _pack(p: SegmentDispatch) -> dict:
-    d = {"start": p.start, "limit": p.limit, "chain_end": p.chain_end, "stop": p.stop,
-         "topics": p.topics, "n": len(p), "first": int(p.offset[0]) if len(p) else 0}
+    d = handover.head(p)
+    d["topics"] = p.topics
     for name, dt in _NARROW.items():
         d[name] = getattr(p, name).astype(dt)
     for name in _WIDE:
@@ -236,15 +237,11 @@ def _unpack(d: dict) -> SegmentDispatch:
     n = d["n"]
     if not n:
         return out
-    size = d["size"].astype(np.int64)
-    off = np.empty(n, np.int64)
-    off[0] = d["first"]
-    np.cumsum(size[:-1], out=off[1:])
-    off[1:] += d["first"]
-    out.offset, out.size = off, size
-    for name in _NARROW:
-        if name != "size":  # 32-bit fields stay 32-bit: every consumer widens as needed
-            setattr(out, name, d[name])
+    off = handover.record_offsets(d)
+    out.offset, out.size = off, d["size"].astype(np.int64)
+    out.consistent, out.crc_ok = handover.flags(d, "consistent"), handover.flags(d, "crc_ok")
+    for name in _NARROW:  # 32-bit fields stay 32-bit: every consumer widens as needed
+        setattr(out, name, d[name])
     for name in _WIDE:
         setattr(out, name, d[name])
     phy = d["physical_offset"]

@@ -25,6 +25,7 @@ import numpy as np
 from ..format.rules import gets_cq_unit
 from .parallel import arena
 from .dispatch import SegmentDispatch, StoreScan, split_dispatch, store_scan
+from .handover import flags, head, record_offsets
 
 
 @dataclass
@@ -117,7 +118,8 @@ def grouped_split(split, check_crc: bool = True, delay_millis=None, keys: bool =
 
 
 def pack_grouped(p: SegmentDispatch) -> dict:
-    """What a rebuild needs of one range's records (see the module docstring).
+    """What a rebuild needs of one range's records (see the module docstring): the
+    :mod:`~rmqstore.scan.handover` format with the GROUPED payload.
 
     The hand-over is pickled through a pipe, which costs about as much per byte as the
     scan itself, so it is kept small: what follows from the sizes (each record's offset,
@@ -125,10 +127,8 @@ def pack_grouped(p: SegmentDispatch) -> dict:
     by :func:`units` and :func:`keys`; all-true flags, queue offsets that count up by one
     in every group, 32-bit tags codes and timestamps close together travel compressed."""
     n = len(p)
-    d = {"start": p.start, "limit": p.limit, "chain_end": p.chain_end, "stop": p.stop,
-         "n": n, "first": int(p.offset[0]) if n else 0, "size": p.size.astype(np.int32),
-         "consistent": None if p.consistent.all() else p.consistent,
-         "crc_ok": None if p.crc_ok.all() else p.crc_ok, "groups": []}
+    d = head(p)
+    d["groups"] = []
     z32, z64 = np.zeros(0, np.int32), np.zeros(0, np.int64)
     d.update(rec=z32, qo=None, qo_dense=False, phy=None, tags=z32,
              key_rec=z32, key_hash=z32, key_phy=None, key_ts=z64, key_ts0=0)
@@ -176,20 +176,6 @@ def _fits32(a: np.ndarray) -> bool:
     return not len(a) or (int(a.min()) >= -2**31 and int(a.max()) < 2**31)
 
 
-def record_offsets(d: dict) -> np.ndarray:
-    """CommitLog offset of each record of a grouped part (the chain is contiguous)."""
-    off = d.get("_offsets")
-    if off is None:
-        size = d["size"]
-        off = np.empty(len(size), np.int64)
-        if len(size):
-            off[0] = d["first"]
-            np.cumsum(size[:-1], out=off[1:])
-            off[1:] += d["first"]
-        d["_offsets"] = off
-    return off
-
-
 def units(d: dict, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(PHYSICALOFFSET, size, tagsCode) of a grouped part's units ``a:b``."""
     rec = d["rec"][a:b]
@@ -202,12 +188,6 @@ def keys(d: dict, i: int, j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     kr = d["key_rec"][i:j]
     phy = record_offsets(d)[kr] if d["key_phy"] is None else d["key_phy"][i:j]
     return d["key_hash"][i:j], phy, d["key_ts"][i:j].astype(np.int64) + d["key_ts0"]
-
-
-def flags(d: dict, name: str) -> np.ndarray:
-    """``consistent`` or ``crc_ok`` of every record (sent only when not all true)."""
-    v = d[name]
-    return np.ones(d["n"], bool) if v is None else v
 
 
 def _validity(chain: list[dict]) -> SegmentDispatch:
