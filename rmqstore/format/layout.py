@@ -281,6 +281,9 @@ RECORD_FIXED_SIZE = {k: v.sizeof() for k, v in RECORD_FIXED.items()}
 RECORD_FIXED_STRUCT = {k: derive_struct(v) for k, v in RECORD_FIXED.items()}
 RECORD_FIXED_DTYPE = {k: derive_dtype(v) for k, v in RECORD_FIXED.items()}
 RECORD_FIXED_FIELDS = {k: derive_fields(v) for k, v in RECORD_FIXED.items()}
+#: The smallest record (spec §3.1): IPv4 hosts, no body, 1-byte topic length, no topic,
+#: no properties. A TOTALSIZE below it cannot start a record.
+MIN_RECORD_SIZE = record_size(0, MAGIC_V1, 0, 0, 0)
 
 
 

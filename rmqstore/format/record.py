@@ -12,6 +12,27 @@ from .crc import body_crc
 from .message import Host, Message, parse_properties, serialize_properties
 
 
+#: What :func:`chain_step` finds where a walk along the TOTALSIZE chain arrives.
+CHAIN_VERDICTS = ("record", "end", "short", "blank", "zeros", "bad magic", "bad size")
+
+
+def chain_step(buf, at: int, left: int) -> str:
+    """What the header at ``buf[at:]`` says to a walk along the TOTALSIZE chain, with
+    ``left`` bytes of data from there (spec §3.9, §4): ``"record"`` (a message magic and a
+    TOTALSIZE from :data:`~rmqstore.format.layout.MIN_RECORD_SIZE` up to ``left``: the walk
+    goes on), or why valid data stops there: ``"end"`` (no bytes left), ``"short"``
+    (fewer than 8), ``"blank"`` (the end-of-segment filler), ``"zeros"``, ``"bad magic"``
+    or ``"bad size"``. Only the first 8 bytes are read, and only when ``left >= 8``."""
+    if left < 8:
+        return "end" if left == 0 else "short"
+    total, magic = L.BLANK_STRUCT.unpack_from(buf, at)
+    if magic in L.MESSAGE_MAGICS:
+        return "record" if L.MIN_RECORD_SIZE <= total <= left else "bad size"
+    if magic == L.MAGIC_BLANK:
+        return "blank"
+    return "zeros" if total == 0 and magic == 0 else "bad magic"
+
+
 def _host_bits(born: Host, store: Host) -> int:
     return (L.SYSFLAG_BORNHOST_V6 if born.is_v6 else 0) | (L.SYSFLAG_STOREHOST_V6 if store.is_v6 else 0)
 

@@ -19,11 +19,10 @@ from construct import Struct
 
 from ..format import layout as L
 from ..format.message import Host, Message
-from ..format.record import decode_record
+from ..format.record import chain_step, decode_record
 from ..format.crc import BODY_CRC_MASK, crc32_spans
 
-_MIN_RECORD = L.RECORD_FIXED_SIZE[False, False] + 3
-_HEAD = L.BLANK_STRUCT  # (total_size, magic): the first 8 bytes of any record
+_MIN_RECORD = L.MIN_RECORD_SIZE
 _SIZE = L.derive_struct(Struct(L.RecordHead.subcons[0]))  # TOTALSIZE alone, for the walk
 
 
@@ -66,17 +65,10 @@ _VEC_CHUNK = 1024 * 1024  # bytes compared at a time: the masks stay in cache (1
 def _stop_at(buf, pos: int, end: int, limit: int) -> str:
     """Why a chain that reached ``pos`` stops (or "range": a plausible record header at or
     past ``end``, where the caller's range ends)."""
-    left = limit - pos
-    if left == 0:
-        return "end"
-    if left < 8:
-        return "short"
-    size, magic = _HEAD.unpack_from(buf, pos)
-    if magic in L.MESSAGE_MAGICS:
-        return "range" if pos >= end and _MIN_RECORD <= size <= left else "bad size"
-    if magic == L.MAGIC_BLANK:
-        return "blank"
-    return "zeros" if size == 0 and magic == 0 else "bad magic"
+    step = chain_step(buf, pos, limit - pos)
+    if step == "record":  # a whole record below ``end`` would have been walked
+        return "range" if pos >= end else "bad size"
+    return step
 
 
 def _candidates(u8: np.ndarray, lo: int, hi: int) -> np.ndarray:

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..format import layout as L
 from . import records as scan
+from ..format.record import chain_step
 from ..format.rules import parse_delay_levels
 from ..errors import NotAStoreError, RecordError, SegmentError
 from ..files.mapped import map_read
@@ -49,7 +50,7 @@ REMOTE_OVERHANG = 1024 * 1024
 #: cost a full read; the driver's chain check catches whatever this lets through.
 ZERO_TAIL_PROBE = 64 * 1024
 
-_MIN_RECORD = L.RECORD_FIXED_SIZE[False, False] + 3  # empty body, 1-byte topic length, no props
+_MIN_RECORD = L.MIN_RECORD_SIZE
 _HEAD = L.BLANK_STRUCT  # (total_size, magic): the first 8 bytes of any record
 _MAGIC_AT = L.OFFSET_OF["magic"]
 _PHYS_AT = L.OFFSET_OF["physical_offset"]
@@ -416,35 +417,25 @@ def _walk(w: Window, first: int, end: int) -> tuple[list[int], int, str]:
     pos = first
     while pos < end:
         left = size - pos
-        if left < 8:
-            return starts, pos, ("end" if left == 0 else "short")
-        if pos + 8 > w.hi:
-            w.need(pos + 8)
-        total, magic = unpack(buf, pos - lo)
-        if magic != v1 and magic != v2:
-            if magic == L.MAGIC_BLANK:
-                return starts, pos, "blank"
-            return starts, pos, ("zeros" if total == 0 and magic == 0 else "bad magic")
-        if total < _MIN_RECORD or total > left:
-            return starts, pos, "bad size"
-        if pos + total > w.hi:
-            w.need(pos + total)
-        append(pos)
-        pos += total
+        if left >= 8:
+            if pos + 8 > w.hi:
+                w.need(pos + 8)
+            # the usual case, inline: a message header whose size fits (chain_step's rule)
+            total, magic = unpack(buf, pos - lo)
+            if (magic == v1 or magic == v2) and _MIN_RECORD <= total <= left:
+                if pos + total > w.hi:
+                    w.need(pos + total)
+                append(pos)
+                pos += total
+                continue
+        return starts, pos, chain_step(buf, pos - lo, left)
     # Classify where the chain leaves the range too: a BLANK or zeros there ends the
     # file's data, which the split that holds that position cannot see by resync.
     left = size - pos
-    if left == 0:
-        return starts, pos, "end"
-    if left < 8:
-        return starts, pos, "short"
-    w.need(pos + 8)
-    total, magic = unpack(w.buf, pos - w.lo)
-    if magic == v1 or magic == v2:
-        return starts, pos, ("range" if _MIN_RECORD <= total <= left else "bad size")
-    if magic == L.MAGIC_BLANK:
-        return starts, pos, "blank"
-    return starts, pos, ("zeros" if total == 0 and magic == 0 else "bad magic")
+    if left >= 8:
+        w.need(pos + 8)
+    step = chain_step(w.buf, pos - w.lo, left)
+    return starts, pos, ("range" if step == "record" else step)
 
 
 @dataclass
