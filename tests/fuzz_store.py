@@ -320,7 +320,11 @@ def get_base(name: str, cache: Path) -> Base:
             make_generated(tmp, count, seed, **opts)
         os.replace(tmp, dst)
     unsupported = "dledger" in name
-    clean = not unsupported and not (dst / "abort").exists()
+    # Not healthy though RocketMQ shut it down cleanly: the fixtures README says its
+    # recovery kept a unit whose tagsCode the record's destroyed TAGS no longer gives
+    # (verify's cq-tags-mismatch, rightly).
+    damaged_by_rocketmq = name == "fx:rocketmq-4.9.8/crash-torn-tail-recovered"
+    clean = not unsupported and not damaged_by_rocketmq and not (dst / "abort").exists()
     base = Base(name, dst, SEG, clean, unsupported, walk_records(dst / "commitlog", SEG))
     _BASES[key] = base
     return base
