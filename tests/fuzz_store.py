@@ -125,11 +125,12 @@ def is_regular(p: Path) -> bool:
 
 
 def segment_files(commitlog: Path) -> list[Path]:
-    """Regular (not symlinked) segment-named files, by start offset."""
+    """Regular (not symlinked) segment-named files, by start offset; a name no Java long
+    holds (past 2**63 - 1) is no segment (spec: offsets are longs), as rmqstore reads it."""
     if not commitlog.is_dir() or commitlog.is_symlink():
         return []
-    return sorted((p for p in commitlog.iterdir() if SEG_NAME.match(p.name) and is_regular(p)),
-                  key=lambda p: int(p.name))
+    return sorted((p for p in commitlog.iterdir() if SEG_NAME.match(p.name) and is_regular(p)
+                   and int(p.name) < 2**63), key=lambda p: int(p.name))
 
 
 def walk_records(commitlog: Path, seg: int) -> list[Rec]:

@@ -72,6 +72,26 @@ def test_recovered_torn_store_notes_rocketmqs_leftovers(fixtures_root):
     assert {"commitlog-debris", "cq-stale-unit", "commitlog-end"} <= notes
 
 
+def test_debris_needs_a_checkpoint_that_describes_the_store(fixtures_root, tmp_path):
+    """The torn bytes RocketMQ left after its own cut are debris only while the checkpoint's
+    logicsMsgTimestamp covers every valid record (the fixture's does). A bogus one (1000)
+    said nothing: verify called the tail debris, repair rewrote the checkpoint, and the
+    next run found the tail (fuzz campaign seed 3193: not idempotent)."""
+    import shutil
+    import struct
+
+    from rmqstore.recovery.repair import plan_repair, repair
+
+    store = tmp_path / "s"
+    shutil.copytree(fixtures_root / "crash-torn-recovered", store)
+    with open(store / "checkpoint", "r+b") as f:
+        f.write(struct.pack(">3q", 1000, 1000, 1000))
+    codes = {f.code for f in verify(store).findings}
+    assert "commitlog-tail" in codes and "commitlog-debris" not in codes
+    repair(store, backup_dir=tmp_path / "b", allow_data_loss=True)
+    assert plan_repair(store).steps == []
+
+
 def test_every_code_is_documented():
     assert all(sev in ("error", "warning", "info") for sev, _ in CODES.values())
 

@@ -163,8 +163,13 @@ def check_commitlog(c: Collector, queue: SegmentQueue, scan: StoreScan, cp, abor
             # Debris: RocketMQ's recovery cut this record and left its bytes (§10.4); after a
             # clean shutdown the checkpoint's logicsMsgTimestamp is the last dispatched
             # record's time, so a later record was never part of the store it served.
+            # Only a checkpoint that describes this store tells that: its logicsMsgTimestamp
+            # is at least the newest valid record's (a stale or bogus one says nothing, and
+            # repair, rewriting it, would find the tail again: not idempotent).
+            newest = int(scan.records("store_timestamp").max()) if scan.count else None
             if kind == "torn" and not abort and cp is not None and ts is not None \
-                    and ts > cp.logics_msg_timestamp:
+                    and ts > cp.logics_msg_timestamp \
+                    and (newest is None or cp.logics_msg_timestamp >= newest):
                 facts["debris"] = (end, int.from_bytes(buf[pos:pos + 4], "big", signed=True))
                 c.add("commitlog-debris", seg.path, pos,
                       f"valid data ends at {end}; after it: {desc}, stored after the checkpoint's "
