@@ -100,13 +100,9 @@ def test_a_signal_sent_to_the_command_reaches_it(tmp_path, sig, want):
     does) reaches the command running in the child: Ctrl-C's "interrupted" and exit 130,
     or death by SIGTERM, as without the fork."""
     for env in (None, dict(os.environ, RMQSTORE_NO_FORK="1")):
-        # A shell starts background jobs with SIGINT ignored, and an ignored signal stays
-        # ignored across exec (as it should: rmqstore then ignores Ctrl-C too); the test
-        # may run under such a job, so the command starts with the default disposition.
         p = subprocess.Popen([RMQSTORE, "append", str(tmp_path / "s"), "--create", "--jsonl", "-"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                             stderr=subprocess.PIPE, text=True, env=env)
         p.stdin.write(json.dumps({"topic": "T", "body": "b"}) + "\n")
         p.stdin.flush()
         assert json.loads(p.stdout.readline())["status"] == "PUT_OK"  # it is running
