@@ -105,14 +105,8 @@ def read_checkpoint(ledger_dir: str | Path) -> LedgerCheckpoint:
     exists, text, problem = _read_small(path)
     ck = LedgerCheckpoint(path, exists, tmp_left=(d / "checkpoint.tmp").exists(),
                           bak_exists=(d / "checkpoint.bak").exists())
-    if problem:
-        ck.problems.append(problem)
-    if text is None:
-        return ck
-    try:
-        props = parse_java_properties(text)
-    except ValueError as e:
-        ck.problems.append(f"not Java properties text ({e}): DLedger ignores it")
+    props = _props(text, problem, ck.problems)
+    if props is None:
         return ck
     if "committedIndex" in props:
         ck.committed_index = _java_long(props["committedIndex"], "committedIndex", ck.problems)
@@ -121,19 +115,26 @@ def read_checkpoint(ledger_dir: str | Path) -> LedgerCheckpoint:
     return ck
 
 
+def _props(text: str | None, problem: str | None, problems: list) -> dict | None:
+    """The properties of a small DLedger state file, or None (its problems noted)."""
+    if problem:
+        problems.append(problem)
+    if text is None:
+        return None
+    try:
+        return parse_java_properties(text)
+    except ValueError as e:
+        problems.append(f"not Java properties text ({e}): DLedger ignores it")
+        return None
+
+
 def read_currterm(ledger_dir: str | Path) -> CurrTerm:
     """Parse ``<ledger_dir>/currterm`` as ``MemberState#loadTerm`` does."""
     path = Path(ledger_dir) / "currterm"
     exists, text, problem = _read_small(path)
     ct = CurrTerm(path, exists)
-    if problem:
-        ct.problems.append(problem)
-    if text is None:
-        return ct
-    try:
-        props = parse_java_properties(text)
-    except ValueError as e:
-        ct.problems.append(f"not Java properties text ({e}): DLedger ignores it")
+    props = _props(text, problem, ct.problems)
+    if props is None:
         return ct
     if "currTerm" in props:
         ct.term = _java_long(props["currTerm"], "currTerm", ct.problems)
