@@ -319,7 +319,14 @@ def get_base(name: str, cache: Path) -> Base:
         else:
             count, seed, opts = GENERATED[name]
             make_generated(tmp, count, seed, **opts)
-        os.replace(tmp, dst)
+        try:
+            os.replace(tmp, dst)
+        except OSError:
+            # Another worker built the same base first (the rename cannot replace a
+            # non-empty directory): theirs is as good as ours.
+            if not dst.is_dir():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
     unsupported = "dledger" in name
     # Not healthy though RocketMQ shut it down cleanly: the fixtures README says its
     # recovery kept a unit whose tagsCode the record's destroyed TAGS no longer gives
