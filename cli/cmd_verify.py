@@ -120,7 +120,7 @@ def repair(
     then plans afresh; `rmqstore restore BACKUP` undoes a repair. jsonl, csv and tsv: one
     row per step; json: one document with the plan and, after a repair, its result."""
     from rmqstore.files.checkpoint import is_locked
-    from rmqstore.recovery.journal import find_interrupted
+    from rmqstore.recovery.journal_state import find_interrupted
     from rmqstore.recovery.repair import default_backup_dir, plan_repair, repair as run
 
     if backup is not None and no_backup:
@@ -221,7 +221,7 @@ def restore(
     Takes the store lock. Refuses (exit 2) when the store changed since the repair in a
     way the backup cannot explain (a broker ran, a newer repair), when another repair is
     unfinished, or when the backup was already undone. Run it again if it is cut short."""
-    from rmqstore.recovery.journal import read_backup
+    from rmqstore.recovery.journal_state import read_backup
     from rmqstore.recovery.undo import restore as run
 
     state = read_backup(backup)

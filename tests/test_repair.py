@@ -16,7 +16,7 @@ from rmqstore.files.config import load_config
 from rmqstore.files.consumequeue import ConsumeQueue
 from rmqstore.errors import StoreLockedError
 from rmqstore.files.index import IndexGeometry, IndexReader
-from rmqstore.recovery.journal import read_backup
+from rmqstore.recovery.journal_state import read_backup
 from rmqstore.recovery.repair import plan_repair, repair
 from rmqstore.recovery.verify import verify
 

@@ -26,6 +26,7 @@ import test_faults as TF
 from conftest import REPO, ROCKETMQ_498, copy_store, scenario_params
 from crashpoints import CLOCK, Crash, Dies, snapshot
 from rmqstore.recovery import journal as J
+from rmqstore.recovery import journal_state as JS
 from rmqstore.recovery import undo as U
 from rmqstore.files.checkpoint import hold_lock
 from rmqstore.format.message import Message
@@ -373,7 +374,7 @@ def test_interrupted_repair_without_backup_is_replanned(fixtures_root, tmp_path)
         repair(store, backup=False, clock=CLOCK)
     journal = store / J.INTERNAL / J.JOURNAL
     assert (store / J.MARKER).exists() and journal.exists()
-    found = J.find_interrupted(store)
+    found = JS.find_interrupted(store)
     assert found.backup is None and found.done == [1, 2] and found.interrupted == 3
     assert "no backup" in found.describe() and "step 3 (cut-queue" in found.describe()
     r = repair(store, backup=False, clock=CLOCK)
@@ -545,9 +546,9 @@ def test_journal_says_what_ran(fixtures_root, tmp_path):
     store = copy_store(fixtures_root / "crash-torn", tmp_path / "s")
     with Dies(after_record=8), pytest.raises(Crash):  # 1 begin, then start/done pairs
         repair(store, backup_dir=tmp_path / "b")
-    found = J.find_interrupted(store)
+    found = JS.find_interrupted(store)
     assert found.done == [1, 2, 3] and found.interrupted == 4
-    state = J.read_backup(tmp_path / "b")
+    state = JS.read_backup(tmp_path / "b")
     assert [s["action"] for s in state.steps][:2] == ["zero-tail", "move-segment"]
     assert state.steps[-1]["action"] == "remove-abort" and state.manifest["config"]
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())

@@ -43,7 +43,9 @@ operation, pid, host, start time) tells the next run that one did not finish.
 
 The rule: a step whose ``start`` record is in the journal may have changed anything in
 its scope, and the backup holds all of that scope's prior state; a step without one has
-changed nothing. :mod:`rmqstore.recovery.undo` builds on it (resume, restore).
+changed nothing. :mod:`rmqstore.recovery.undo` builds on it (resume, restore);
+:mod:`rmqstore.recovery.journal_state` reads a journal back, and
+:mod:`rmqstore.recovery.store_paths` keeps every path it saves inside the store.
 """
 
 from __future__ import annotations
@@ -54,13 +56,14 @@ import os
 import socket
 import stat
 import time
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..errors import RefusedError, RmqStoreError, StoreIOError, UnsafePathError
-from ..files.repair_marker import MARKER, read_marker
+from ..errors import RmqStoreError, StoreIOError
+from ..files.repair_marker import MARKER
 from ..files.sparse import copy_range, copy_tree, fsync_dir, fsync_tree, remove_tree
+from .store_paths import confine, fingerprint, is_dir, missing_parents
 
 FORMAT = "rmqstore-repair-journal/1"
 INTERNAL = ".rmqstore-repair.d"
@@ -68,82 +71,6 @@ MANIFEST = "manifest.json"
 JOURNAL = "journal.jsonl"
 _RESERVED = {MANIFEST, JOURNAL}
 CHUNK = 1 << 20
-
-
-# --- paths -------------------------------------------------------------------------------
-
-
-#: Top-level directories that may be symbolic links to other disks (the rule of
-#: :mod:`rmqstore.files.listing`): read through, and written inside where they lead.
-LINKABLE = ("commitlog", "consumequeue", "index")
-
-
-def is_dir(root: Path, rel: str) -> bool:
-    """A directory of the store: a real one, or a top-level link to one."""
-    p = root / rel
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        return False
-    if stat.S_ISDIR(st.st_mode):
-        return True
-    return stat.S_ISLNK(st.st_mode) and rel in LINKABLE and os.path.isdir(p)
-
-
-def confine(root: Path, rel: str) -> Path:
-    """``root / rel`` when ``rel`` is a plain relative path whose directories inside the
-    store are real directories (no ``..``, no symbolic link but a top-level one of
-    :data:`LINKABLE`): writes never leave the store."""
-    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel:
-        raise UnsafePathError(f"not a path inside the store: {rel!r}", root)
-    parts = rel.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        raise UnsafePathError(f"not a plain path inside the store: {rel!r}", root)
-    for i in range(1, len(parts)):
-        if not is_dir(root, "/".join(parts[:i])):
-            if not os.path.lexists(root.joinpath(*parts[:i])):
-                break
-            raise UnsafePathError("a symbolic link or a file where a directory is expected: "
-                                  "repair does not write through it", root.joinpath(*parts[:i]))
-    return root / rel
-
-
-def missing_parents(root: Path, rel: str) -> list[str]:
-    """The directories above ``rel`` that do not exist yet, outermost first: a step that
-    creates ``rel`` creates them too, and undoing it removes them again."""
-    parts = rel.split("/")[:-1]
-    for i in range(len(parts)):
-        if not os.path.lexists(root.joinpath(*parts[:i + 1])):
-            return ["/".join(parts[:j + 1]) for j in range(i, len(parts))]
-    return []
-
-
-def fingerprint(path: Path):
-    """What a path is now, cheaply: None (absent), [size, mtime_ns] (a file),
-    ["->", target] (a link), or {name: fingerprint} (a directory)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISLNK(st.st_mode):
-        return ["->", os.readlink(path)]
-    if stat.S_ISDIR(st.st_mode):
-        return {n: fingerprint(path / n) for n in sorted(os.listdir(path))}
-    return [st.st_size, st.st_mtime_ns]
-
-
-def _describe_fp(fp) -> str:
-    if fp is None:
-        return "absent"
-    if isinstance(fp, dict):
-        return f"a directory of {len(fp)} entr(y/ies)"
-    if fp and fp[0] == "->":
-        return f"a symlink to {fp[1]!r}"
-    return f"{fp[0]} bytes, mtime {fp[1] / 1e9:.3f}"
-
-
-def _overlap(a: str, b: str) -> bool:
-    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 
 
 def _io(op: str, path, e: OSError) -> StoreIOError:
@@ -457,161 +384,3 @@ class Journal:
             self.record("failed", step=k, error=error)
         except RmqStoreError:
             pass
-
-
-# --- the journal as read -------------------------------------------------------------------
-
-
-@dataclass
-class JournalState:
-    """A journal directory as read back."""
-
-    dir: Path
-    manifest: dict
-    started: dict[int, dict] = field(default_factory=dict)  # step -> start record
-    done: dict[int, dict] = field(default_factory=dict)  # step -> fingerprints after
-    end: dict | None = None  # final fingerprints, when every step finished
-    failed: dict[int, str] = field(default_factory=dict)
-    undo_why: str | None = None
-    undone: set[int] = field(default_factory=set)
-    undo_ended: bool = False
-    undo_after: dict | None = None  # fingerprints when the undo ended (the original state)
-
-    @property
-    def backup(self) -> bool:
-        return bool(self.manifest.get("backup"))
-
-    @property
-    def steps(self) -> list[dict]:
-        return self.manifest.get("steps") or []
-
-    @property
-    def store(self) -> str:
-        return self.manifest.get("store", "")
-
-    @property
-    def interrupted(self) -> int | None:
-        """The step that started and did not finish, if any."""
-        open_ = [k for k in self.started if k not in self.done]
-        return max(open_) if open_ else None
-
-    @property
-    def items(self) -> list[dict]:
-        """Every saved item, in the order they were saved (what ``restore`` puts back)."""
-        return [it for k in sorted(self.started) for it in self.started[k]["items"]]
-
-
-def read_backup(backup_dir: str | os.PathLike) -> JournalState:
-    """Read a journal directory: manifest and every complete journal record."""
-    jdir = Path(backup_dir)
-    try:
-        manifest = json.loads((jdir / MANIFEST).read_text())
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise ValueError(f"not a {FORMAT} manifest")
-    except FileNotFoundError:
-        raise RefusedError("not an rmqstore repair backup (no manifest.json)", jdir) from None
-    except (OSError, ValueError) as e:
-        raise RefusedError(f"unreadable repair manifest: {e}", jdir / MANIFEST) from None
-    state = JournalState(jdir, manifest)
-    try:
-        data = (jdir / JOURNAL).read_bytes()
-    except FileNotFoundError:
-        data = b""
-    except OSError as e:
-        raise _io("read the repair journal", jdir / JOURNAL, e) from None
-    for line in data.split(b"\n"):
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue  # a torn last line: its action had not begun
-        ev, k = r.get("event"), r.get("step")
-        if ev == "start":
-            state.started[k] = r
-        elif ev == "done":
-            state.done[k] = r.get("after", {})
-        elif ev == "end":
-            state.end = r.get("after", {})
-        elif ev == "failed":
-            state.failed[k] = r.get("error", "")
-        elif ev == "undo":
-            state.undo_why = r.get("why")
-        elif ev == "undone":
-            state.undone.add(k)
-        elif ev == "undo-end":
-            state.undo_ended = True
-            state.undo_after = r.get("after")
-    return state
-
-
-# --- what happened -------------------------------------------------------------------------
-
-
-@dataclass
-class Interrupted:
-    """An unfinished repair or restore found through the store's marker."""
-
-    journal: str
-    backup: str | None  # the backup directory, when the journal holds one
-    operation: str  # "repair" | "restore"
-    pid: int | None
-    started: str | None
-    steps: list[dict]
-    done: list[int]
-    interrupted: int | None  # the step cut short, numbered from 1
-    finished: bool  # every step of the repair had finished
-    undone: list[int]
-    outcome: str | None = None  # what this run did: undone | replanned | completed
-
-    def describe(self) -> str:
-        n = len(self.steps)
-        who = f"pid {self.pid}, started {self.started}"
-        if self.operation == "restore" or (self.undone and self.finished):
-            return (f"an interrupted restore from {self.journal} ({who}): {len(self.undone)} of "
-                    f"{len(self.done) + (self.interrupted is not None)} step(s) undone")
-        where = f"backup {self.backup}" if self.backup else "no backup"
-        if self.finished:
-            return f"an rmqstore repair ({who}, {where}) had finished all {n} step(s); only its marker was left"
-        text = f"an interrupted rmqstore repair ({who}, {where}): {len(self.done)} of {n} step(s) finished"
-        if self.interrupted is not None and 0 < self.interrupted <= n:
-            s = self.steps[self.interrupted - 1]
-            text += f", step {self.interrupted} ({s.get('action')} {s.get('path') or ''}) was cut short"
-        else:
-            text += ", none was running"
-        if self.undone:
-            text += f", {len(self.undone)} step(s) already undone"
-        return text
-
-    def as_dict(self) -> dict:
-        return {"journal": self.journal, "backup": self.backup, "operation": self.operation,
-                "pid": self.pid, "started": self.started, "steps": len(self.steps),
-                "done": self.done, "interrupted": self.interrupted, "finished": self.finished,
-                "undone": sorted(self.undone), "outcome": self.outcome,
-                "description": self.describe()}
-
-
-def _interrupted(marker: dict, state: JournalState) -> Interrupted:
-    return Interrupted(str(state.dir), str(state.dir) if state.backup else None,
-                       "restore" if marker.get("operation") == "restore" else "repair",
-                       marker.get("pid"), marker.get("started"), state.steps,
-                       sorted(state.done), state.interrupted, state.end is not None,
-                       sorted(state.undone))
-
-
-def find_interrupted(root: str | os.PathLike) -> Interrupted | None:
-    """The unfinished repair or restore of the store at ``root``, if any. Read-only."""
-    root = Path(root)
-    marker = read_marker(root)
-    if marker is None:
-        return None
-    return _interrupted(marker, _state_for(root, marker))
-
-
-def _state_for(root: Path, marker: dict) -> JournalState:
-    jdir = Path(marker["journal"])
-    if not (jdir / MANIFEST).exists():
-        raise RefusedError(
-            f"an rmqstore repair of this store did not finish, and its journal {jdir} is "
-            "missing (a disk not mounted?): what it changed cannot be told. Bring the "
-            f"journal back, or remove {root / MARKER} to repair from the store as it is",
-            root / MARKER)
-    return read_backup(jdir)

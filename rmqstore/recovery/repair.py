@@ -101,7 +101,7 @@ class RepairResult:
     executed: bool
     backup_dir: str | None  # the backup actually used
     seconds: float
-    resumed: object = None  # journal.Interrupted: an unfinished repair found (and dealt with) first
+    resumed: object = None  # journal_state.Interrupted: an unfinished repair found (and dealt with) first
     steps: list[Step] = field(default_factory=list)  # what ran: the plan + create/remove-abort
 
 
@@ -604,6 +604,7 @@ def repair(root: str | os.PathLike, *, dry_run: bool = False, backup_dir: str | 
     changed, unless ``allow_data_loss`` (the CLI's ``--allow-data-loss``).
     """
     from . import journal as J
+    from .journal_state import find_interrupted
     from . import repair_steps as R
     from ..scan.per_queue import dispatched
     from .undo import resume
@@ -614,7 +615,7 @@ def repair(root: str | os.PathLike, *, dry_run: bool = False, backup_dir: str | 
         cfg = config or load_config(root, conf)
         plan = plan or plan_repair(root, config=cfg, processes=processes, backup=backup)
         return RepairResult(plan, False, None, time.perf_counter() - t0,
-                            resumed=J.find_interrupted(root))
+                            resumed=find_interrupted(root))
     if backup_dir is not None and backup:
         _outside(root, Path(backup_dir).resolve())  # refused before the lock is taken
     lock_before = J.lock_state(root)

@@ -24,7 +24,8 @@ from ..files.config import StoreConfig
 from ..files.consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, effective_file_size
 from ..errors import RefusedError, UnsafePathError
 from ..files.index import IndexGeometry, IndexService, _list_index_files
-from .journal import Journal, confine, is_dir
+from .journal import Journal
+from .store_paths import confine, is_dir
 from ..files.sparse import BLOCK, CHUNK, allocated, allocated_in, fsync_dir, is_zero
 
 #: Steps that take a path out of the store (into the backup).

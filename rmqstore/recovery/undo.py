@@ -14,7 +14,7 @@ a backup there is nothing to undo from: the next repair says what ran and plans 
 store as it is (every step is one a plan makes from damage, so that converges too).
 
 Before undoing, every path a finished step wrote must still be as that step left it
-(size and mtime: :func:`~rmqstore.recovery.journal.fingerprint`); otherwise something else wrote
+(size and mtime: :func:`~rmqstore.recovery.store_paths.fingerprint`); otherwise something else wrote
 to the store since (a broker, a newer repair) and undoing would mix the two, so it is
 refused. Undo puts mtimes back too, so backups of successive repairs are restored newest
 first, one after the other.
@@ -31,9 +31,9 @@ from pathlib import Path
 from ..errors import RefusedError
 from ..files.repair_marker import MARKER, read_marker
 from ..files.sparse import copy_tree, fsync_dir, remove_tree
-from .journal import (CHUNK, INTERNAL, JOURNAL, Interrupted, Journal, JournalState, _describe_fp,
-                      _interrupted, _io, _overlap, _pwrite_all, _state_for, confine, fingerprint,
-                      is_dir, read_backup, remove_marker, write_marker)
+from .journal import CHUNK, INTERNAL, JOURNAL, Journal, _io, _pwrite_all, remove_marker, write_marker
+from .journal_state import Interrupted, JournalState, _interrupted, _state_for, read_backup
+from .store_paths import _describe_fp, _overlap, confine, fingerprint, is_dir
 
 
 def check_unchanged(root: Path, state: JournalState) -> None:
