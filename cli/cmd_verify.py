@@ -121,7 +121,8 @@ def repair(
     row per step; json: one document with the plan and, after a repair, its result."""
     from rmqstore.files.checkpoint import is_locked
     from rmqstore.recovery.journal_state import find_interrupted
-    from rmqstore.recovery.repair import default_backup_dir, plan_repair, repair as run
+    from rmqstore.recovery.repair import default_backup_dir, repair as run
+    from rmqstore.recovery.repair_plan import plan_repair
 
     if backup is not None and no_backup:
         raise fail("--backup and --no-backup exclude each other")

@@ -38,7 +38,7 @@ _LAZY = {
     "Follower": ("follow", "Follower"),
     "verify": ("verify", "verify"),
     "VerifyReport": ("recovery.verify", "VerifyReport"),
-    "plan_repair": ("recovery.repair", "plan_repair"),
+    "plan_repair": ("recovery.repair_plan", "plan_repair"),
     "repair": ("recovery.repair", "repair"),
     "rebuild": ("rebuild", "rebuild"),
     "store_stats": ("stats", "store_stats"),

@@ -563,7 +563,8 @@ def _dump_path(p: Path, conf, classify, open_store, open_segment_file):
 def library_repair(c: FS.Case, res: CaseResult, run: Runner, verified_end: int, work: Path,
                    pristine: dict) -> None:
     from rmqstore.files.config import load_config
-    from rmqstore.recovery.repair import plan_repair, repair
+    from rmqstore.recovery.repair import repair
+    from rmqstore.recovery.repair_plan import plan_repair
 
     S, conf = c.store, c.conf
     st, cfg = run("load_config", lambda: load_config(S, conf) if conf else None)

@@ -25,7 +25,8 @@ from rmqstore.files.config import StoreConfig
 from rmqstore.files.consumequeue import list_queues
 from rmqstore.errors import RefusedError
 from rmqstore.reader import open_store
-from rmqstore.recovery.repair import plan_repair, repair
+from rmqstore.recovery.repair import repair
+from rmqstore.recovery.repair_plan import plan_repair
 from rmqstore.engine.store import MessageStore
 from rmqstore.recovery.verify import verify
 

@@ -27,7 +27,8 @@ from rmqstore.files.checkpoint import abort_exists
 from rmqstore.format.message import Message
 from rmqstore.files.config import StoreConfig
 from rmqstore.errors import RefusedError, UnsafePathError
-from rmqstore.recovery.repair import plan_repair, repair
+from rmqstore.recovery.repair import repair
+from rmqstore.recovery.repair_plan import plan_repair
 from rmqstore.recovery.rebuild import rebuild
 from rmqstore.engine.store import MessageStore
 from rmqstore.recovery.verify import verify

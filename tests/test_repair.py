@@ -17,7 +17,8 @@ from rmqstore.files.consumequeue import ConsumeQueue
 from rmqstore.errors import StoreLockedError
 from rmqstore.files.index import IndexGeometry, IndexReader
 from rmqstore.recovery.journal_state import read_backup
-from rmqstore.recovery.repair import plan_repair, repair
+from rmqstore.recovery.repair import repair
+from rmqstore.recovery.repair_plan import plan_repair
 from rmqstore.recovery.verify import verify
 
 CRASHES = ["crash", "crash-torn", "crash-torn-tail"]

@@ -17,7 +17,8 @@ import pytest
 from rmqstore.format.message import Message
 from rmqstore.files.config import StoreConfig
 from rmqstore.errors import RefusedError
-from rmqstore.recovery.repair import plan_repair, repair
+from rmqstore.recovery.repair import repair
+from rmqstore.recovery.repair_plan import plan_repair
 from rmqstore.engine.store import MessageStore
 from rmqstore.recovery.undo import restore
 from rmqstore.recovery.verify import verify

@@ -32,7 +32,8 @@ from rmqstore.files.checkpoint import hold_lock
 from rmqstore.format.message import Message
 from rmqstore.files.config import StoreConfig
 from rmqstore.errors import RefusedError, StoreLockedError
-from rmqstore.recovery.repair import plan_repair, repair
+from rmqstore.recovery.repair import repair
+from rmqstore.recovery.repair_plan import plan_repair
 from rmqstore.files.sparse import copy_file, copy_tree
 from rmqstore.engine.store import MessageStore
 from rmqstore.recovery.verify import verify

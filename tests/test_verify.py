@@ -80,7 +80,8 @@ def test_debris_needs_a_checkpoint_that_describes_the_store(fixtures_root, tmp_p
     import shutil
     import struct
 
-    from rmqstore.recovery.repair import plan_repair, repair
+    from rmqstore.recovery.repair import repair
+    from rmqstore.recovery.repair_plan import plan_repair
 
     store = tmp_path / "s"
     shutil.copytree(fixtures_root / "crash-torn-recovered", store)

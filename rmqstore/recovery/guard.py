@@ -10,7 +10,7 @@ that would remove them, or the units pointing at them, exceeds what the damage j
 
 :func:`rmqstore.scan.survivors.find_survivors` finds them; here are the rules that weigh
 them (:func:`unit_loss`, :func:`refused_error`). The plans that use them are in
-:mod:`rmqstore.recovery.repair` (``_guard``) and :mod:`rmqstore.recovery.rebuild`; each
+:mod:`rmqstore.recovery.repair_refusals` and :mod:`rmqstore.recovery.rebuild`; each
 refusal names :data:`OVERRIDE`, the one flag that lets the plan run anyway.
 """
 

@@ -1,4 +1,4 @@
-"""How each repair step runs: what it may change (its scope, saved first by
+"""A repair step (:class:`Step`, planned by :mod:`rmqstore.recovery.repair_plan`) and how it runs: what it may change (its scope, saved first by
 :mod:`rmqstore.recovery.journal`), its writes, and the space it needs (the preflight).
 
 Writes here are ``pwrite``/``ftruncate``/``rename`` on descriptors opened without
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,25 @@ _SYS_FLAG, _BODY_CRC = L.HEAD_FIELD_STRUCT["sys_flag"], L.HEAD_FIELD_STRUCT["bod
 
 
 @dataclass
+class Step:
+    """One explicit change. ``path`` is relative to the store; ``offset``/``length`` a byte
+    range in it when the step rewrites part of a file."""
+
+    action: str
+    path: str | None
+    explanation: str
+    offset: int | None = None
+    length: int | None = None
+    data: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(d.pop("data"))
+        return d
+
+
+
+@dataclass
 class StepContext:
     root: Path
     cfg: StoreConfig
@@ -59,8 +78,6 @@ class StepContext:
 def with_abort_steps(steps: list, abort_exists: bool) -> list:
     """The steps as run: ``create-abort`` first unless abort exists (a broker started
     before the repair ends then runs its full recovery, §8.2) and ``remove-abort`` last."""
-    from .repair import Step
-
     body = [s for s in steps if s.action != "remove-abort"]
     last = next((s for s in steps if s.action == "remove-abort"), None)
     if last is None:
