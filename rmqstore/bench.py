@@ -245,7 +245,7 @@ def make_store(root: str | os.PathLike, size_bytes: int, *, body_size: int = 100
     geometry) and a checkpoint, as dispatch would leave them."""
     from .files import checkpoint as ckpt
     from .files.config import StoreConfig
-    from .files.consumequeue import build_consume_queue
+    from .files.consumequeue_writer import build_consume_queue
     from .files.index import IndexGeometry, build_index
     from .files.names import queue_dir
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import manifest, scenario_params, store_expectations, tree_hashes
-from rmqstore.files.consumequeue import (ConsumeQueue, ConsumeQueueWriter, build_consume_queue,
-                                   effective_file_size, list_queues, open_consume_queue)
+from rmqstore.files.consumequeue import ConsumeQueue, effective_file_size, list_queues, open_consume_queue
+from rmqstore.files.consumequeue_writer import ConsumeQueueWriter, build_consume_queue
 from rmqstore.errors import OffsetError, SegmentError
 
 PLACEHOLDER = bytes.fromhex("0000000000000000 7FFFFFFF 0000000000000000".replace(" ", ""))  # §12.7

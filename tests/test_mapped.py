@@ -17,7 +17,8 @@ from conftest import tree_hashes
 from rmqstore.files import mapped
 from rmqstore.format.message import Message
 from rmqstore.files.config import StoreConfig
-from rmqstore.files.consumequeue import ConsumeQueue, ConsumeQueueWriter
+from rmqstore.files.consumequeue import ConsumeQueue
+from rmqstore.files.consumequeue_writer import ConsumeQueueWriter
 from rmqstore.errors import StoreIOError
 from rmqstore.files.index import IndexFile, IndexGeometry, IndexService
 from rmqstore.reader import open_store

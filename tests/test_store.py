@@ -17,7 +17,8 @@ from rmqstore.engine.append import PutStatus
 from rmqstore.format.message import Host, Message
 from rmqstore.files.commitlog import CommitLog
 from rmqstore.files.config import StoreConfig
-from rmqstore.files.consumequeue import ConsumeQueueWriter, open_consume_queue
+from rmqstore.files.consumequeue import open_consume_queue
+from rmqstore.files.consumequeue_writer import ConsumeQueueWriter
 from rmqstore.errors import NotAStoreError, StoreLockedError
 from rmqstore.engine.store import MessageStore
 

@@ -30,7 +30,7 @@ from ..format import layout as L
 from .append import Appended
 from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit, gets_index_keys, tags_hash
 from ..format.message import parse_properties
-from ..files.consumequeue import ConsumeQueueWriter
+from ..files.consumequeue_writer import ConsumeQueueWriter
 from ..format.hashing import index_hashes, prefix_hash, token_hash, token_hashes
 from ..files.names import queue_dir
 

@@ -535,13 +535,13 @@ class RebuildResult:
 def rebuild_cq(spark: SparkSession, store: str, out: str, *, split_size: int = S.DEFAULT_SPLIT_SIZE,
                conf=None, progress: Progress = _quiet) -> RebuildResult:
     """Write ``out/{topic}/{queueId}/{segment}`` — a whole ``consumequeue/`` tree — from the
-    CommitLog, with consumequeue.build_consume_queue (the dispatch-identical writer) on
+    CommitLog, with consumequeue_writer.build_consume_queue (the dispatch-identical writer) on
     executors, one queue per group. Each queue is built in a fresh temporary directory
     and renamed into place, so a retried task cannot leave a mixed queue."""
     import pandas as pd
 
     from ..files.config import load_config
-    from ..files.consumequeue import build_consume_queue
+    from ..files.consumequeue_writer import build_consume_queue
     from ..files.names import is_safe_topic, queue_dir
 
     if S.is_remote(out) or S.is_remote(store):

@@ -10,7 +10,7 @@ order, the parent writes their units and index puts into new files in a scratch 
 *inside* the store (:mod:`rmqstore.recovery.rebuild_writers`), with the same bytes as the
 broker's dispatch. When the end of valid data is known, the files are kept if they hold
 exactly the valid records' units and puts, else written again in bulk
-(:func:`~rmqstore.files.consumequeue.build_consume_queue`,
+(:func:`~rmqstore.files.consumequeue_writer.build_consume_queue`,
 :func:`~rmqstore.files.index.build_index`).
 The new directories are then swapped in by rename: until the swap the old files are
 untouched, so a crash mid-rebuild leaves a usable store (and a scratch directory that
@@ -40,7 +40,8 @@ from ..files import checkpoint as ckpt
 from ..format import layout as L
 from ..format.rules import gets_cq_unit
 from ..files.config import StoreConfig, load_config
-from ..files.consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, build_consume_queue, list_queues
+from ..files.consumequeue import UNIT, ConsumeQueue, list_queues
+from ..files.consumequeue_writer import ConsumeQueueWriter, build_consume_queue
 from ..errors import NotAStoreError, RmqStoreError, StoreIOError, UnsafePathError
 from ..files.mapped import io_error
 from ..files.index import IndexFile, IndexGeometry, IndexService, _list_index_files

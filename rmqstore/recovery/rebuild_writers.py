@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from ..files.config import StoreConfig
-from ..files.consumequeue import ConsumeQueueWriter
+from ..files.consumequeue_writer import ConsumeQueueWriter
 from ..scan.per_queue import keys, units
 from ..files.index import IndexGeometry, IndexService
 from ..files.names import is_safe_topic, queue_dir

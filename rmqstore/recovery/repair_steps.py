@@ -21,7 +21,8 @@ from ..files import checkpoint as ckpt
 from ..format import layout as L
 from ..format.crc import body_crc
 from ..files.config import StoreConfig
-from ..files.consumequeue import UNIT, ConsumeQueue, ConsumeQueueWriter, effective_file_size
+from ..files.consumequeue import UNIT, ConsumeQueue, effective_file_size
+from ..files.consumequeue_writer import ConsumeQueueWriter
 from ..errors import RefusedError, UnsafePathError
 from ..files.index import IndexGeometry, IndexService, _list_index_files
 from .journal import Journal
@@ -381,7 +382,7 @@ def run(step, ctx: StepContext, items: list[dict], j: Journal) -> None:
             j.move(it)
         units = ctx.d.units.get(_queue(step))
         if units is not None:
-            from ..files.consumequeue import build_consume_queue
+            from ..files.consumequeue_writer import build_consume_queue
 
             build_consume_queue(p, *units, ctx.cfg.cq_file_size, fsync=True)
         else:
