@@ -246,7 +246,8 @@ def make_store(root: str | os.PathLike, size_bytes: int, *, body_size: int = 100
     from .files import checkpoint as ckpt
     from .files.config import StoreConfig
     from .files.consumequeue_writer import build_consume_queue
-    from .files.index import IndexGeometry, build_index
+    from .files.index import IndexGeometry
+    from .files.index_service import build_index
     from .files.names import queue_dir
 
     g = write_commitlog(root, size_bytes, body_size=body_size, topics=topics, queues=queues,
@@ -421,7 +422,8 @@ def _dispatch_log(g: GeneratedStore, scratch: Path, segment_size: int) -> tuple[
     from .files.commitlog import CommitLog
     from .files.config import StoreConfig
     from .engine.dispatch import Dispatcher
-    from .files.index import IndexGeometry, IndexService
+    from .files.index import IndexGeometry
+    from .files.index_service import IndexService
 
     scratch.mkdir(parents=True)
     (scratch / "commitlog").symlink_to((g.root / "commitlog").resolve())

@@ -140,7 +140,8 @@ class StoreReader:
         ``max_msgs_num_batch`` hits (default: the store's maxMsgsNumBatch, as the broker).
         A :class:`ConfigError` when the files do not determine the geometry and no
         broker.conf gave it."""
-        from .files.index import IndexGeometry, IndexReader
+        from .files.index import IndexGeometry
+        from .files.index_query import IndexReader
 
         why = self.config.undetermined.get("max_hash_slot_num")
         if why:

@@ -54,7 +54,8 @@ def test_generated_queues_and_index_equal_dispatch(tmp_path):
     from rmqstore.files.commitlog import CommitLog
     from rmqstore.files.config import StoreConfig
     from rmqstore.engine.dispatch import Dispatcher
-    from rmqstore.files.index import IndexGeometry, IndexService
+    from rmqstore.files.index import IndexGeometry
+    from rmqstore.files.index_service import IndexService
 
     cfg = StoreConfig(store_path_root_dir=str(ref), mapped_file_size_commit_log=seg)
     idx = IndexService(cfg.index_dir, IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num),

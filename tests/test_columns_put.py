@@ -19,7 +19,8 @@ from rmqstore.format.message import Host
 from rmqstore.format.hashing import index_hash
 from rmqstore.engine.batch import MessageBatch, _token_hashes, put_index_hashes
 from rmqstore.files.config import StoreConfig
-from rmqstore.files.index import IndexGeometry, IndexService
+from rmqstore.files.index import IndexGeometry
+from rmqstore.files.index_service import IndexService
 from rmqstore.engine.store import MessageStore
 
 V4, V6 = Host.parse("10.0.0.1:1234"), Host.parse("[2001:db8::1]:10911")

@@ -15,8 +15,9 @@ from conftest import MESSAGE_SCENARIOS, SCENARIOS, scenario_params, store_expect
 from rmqstore.format.hashing import index_hash_many
 from rmqstore.format.message import split_keys
 from rmqstore.errors import ConfigError
-from rmqstore.files.index import (IndexFile, IndexGeometry, IndexReader, IndexService, build_index,
-                            index_file_name, infer_index_geometry)
+from rmqstore.files.index import IndexFile, IndexGeometry, infer_index_geometry
+from rmqstore.files.index_query import IndexReader
+from rmqstore.files.index_service import IndexService, build_index, index_file_name
 
 FIXTURE_GEOMETRY = IndexGeometry(64, 256)
 TINY = IndexGeometry(4, 6)

@@ -20,7 +20,8 @@ from rmqstore.files.config import StoreConfig
 from rmqstore.files.consumequeue import ConsumeQueue
 from rmqstore.files.consumequeue_writer import ConsumeQueueWriter
 from rmqstore.errors import StoreIOError
-from rmqstore.files.index import IndexFile, IndexGeometry, IndexService
+from rmqstore.files.index import IndexFile, IndexGeometry
+from rmqstore.files.index_service import IndexService
 from rmqstore.reader import open_store
 from rmqstore.engine.store import MessageStore
 from rmqstore.recovery.verify import ERROR, verify

@@ -21,7 +21,8 @@ from rmqstore.engine.append import clear_unfinished_append
 from rmqstore.files.checkpoint import read_checkpoint
 from rmqstore.format.message import Message
 from rmqstore.files.config import StoreConfig, load_config
-from rmqstore.files.index import IndexFile, IndexGeometry, index_hash
+from rmqstore.files.index import IndexFile, IndexGeometry
+from rmqstore.format.hashing import index_hash
 from rmqstore.reader import open_store
 from rmqstore.files.segments import SegmentQueue
 from rmqstore.engine.store import MessageStore

@@ -15,7 +15,8 @@ from rmqstore.files.checkpoint import abort_exists, hold_lock, read_checkpoint
 from rmqstore.files.config import load_config
 from rmqstore.files.consumequeue import ConsumeQueue
 from rmqstore.errors import StoreLockedError
-from rmqstore.files.index import IndexGeometry, IndexReader
+from rmqstore.files.index import IndexGeometry
+from rmqstore.files.index_query import IndexReader
 from rmqstore.recovery.journal_state import read_backup
 from rmqstore.recovery.repair import repair
 from rmqstore.recovery.repair_plan import plan_repair

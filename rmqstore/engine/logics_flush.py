@@ -5,7 +5,7 @@ ConsumeQueue files with at least ``flushConsumeQueueLeastPages`` new pages are s
 every ``flushConsumeQueueThoroughInterval`` ms all of them are, and then the checkpoint
 is written with the logicsMsgTimestamp taken before that flush (so it never claims a unit
 that was not yet on disk). A 5.x store also writes the checkpoint every second. The
-store writes it besides when an index file fills (:class:`~rmqstore.files.index.IndexService`)
+store writes it besides when an index file fills (:class:`~rmqstore.files.index_service.IndexService`)
 and on close; that way a crashed writer leaves a checkpoint as recent as a broker's.
 """
 

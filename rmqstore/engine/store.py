@@ -34,7 +34,8 @@ from ..files.config import StoreConfig, load_config
 from .dispatch import DEFER_BYTES, BackgroundDispatcher, Dispatcher
 from ..errors import NotAStoreError, OffsetError, RecordError, RefusedError, StoreIOError
 from .flush import FlushService, TransientPool
-from ..files.index import IndexGeometry, IndexService, recover_unfinished
+from ..files.index import IndexGeometry
+from ..files.index_service import IndexService, recover_unfinished
 from ..scan.survivors import Survivors
 from .logics_flush import LogicsFlushService
 from .reput import keys_behind, queue_state

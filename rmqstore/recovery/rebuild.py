@@ -11,7 +11,7 @@ order, the parent writes their units and index puts into new files in a scratch 
 broker's dispatch. When the end of valid data is known, the files are kept if they hold
 exactly the valid records' units and puts, else written again in bulk
 (:func:`~rmqstore.files.consumequeue_writer.build_consume_queue`,
-:func:`~rmqstore.files.index.build_index`).
+:func:`~rmqstore.files.index_service.build_index`).
 The new directories are then swapped in by rename: until the swap the old files are
 untouched, so a crash mid-rebuild leaves a usable store (and a scratch directory that
 ``verify`` reports and ``repair`` removes).
@@ -44,7 +44,8 @@ from ..files.consumequeue import UNIT, ConsumeQueue, list_queues
 from ..files.consumequeue_writer import ConsumeQueueWriter, build_consume_queue
 from ..errors import NotAStoreError, RmqStoreError, StoreIOError, UnsafePathError
 from ..files.mapped import io_error
-from ..files.index import IndexFile, IndexGeometry, IndexService, _list_index_files
+from ..files.index import IndexFile, IndexGeometry, _list_index_files
+from ..files.index_service import IndexService
 from ..files.listing import entries, offset_name
 from .rebuild_writers import Live, finish_index
 from ..files.names import is_safe_topic, queue_dir, shown, topic_problem

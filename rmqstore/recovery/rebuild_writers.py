@@ -21,7 +21,8 @@ from pathlib import Path
 from ..files.config import StoreConfig
 from ..files.consumequeue_writer import ConsumeQueueWriter
 from ..scan.per_queue import keys, units
-from ..files.index import IndexGeometry, IndexService
+from ..files.index import IndexGeometry
+from ..files.index_service import IndexService
 from ..files.names import is_safe_topic, queue_dir
 
 #: A range with more queues than this makes writing per range cost more than in bulk.

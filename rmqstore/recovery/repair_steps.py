@@ -24,7 +24,8 @@ from ..files.config import StoreConfig
 from ..files.consumequeue import UNIT, ConsumeQueue, effective_file_size
 from ..files.consumequeue_writer import ConsumeQueueWriter
 from ..errors import RefusedError, UnsafePathError
-from ..files.index import IndexGeometry, IndexService, _list_index_files
+from ..files.index import IndexGeometry, _list_index_files
+from ..files.index_service import IndexService
 from .journal import Journal
 from .store_paths import confine, is_dir
 from ..files.sparse import BLOCK, CHUNK, allocated, allocated_in, fsync_dir, is_zero
