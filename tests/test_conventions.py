@@ -1,6 +1,10 @@
 """The command-line conventions every rmqstore command keeps (one test per convention).
 
-They run the real ``rmqstore`` on the checked-in sample stores, as a user would.
+They run ``rmqstore`` on the checked-in sample stores. Exit codes, one-line errors on
+stderr, output formats and colour rules are decided inside the command, so those tests
+call the app in-process (:data:`runner`, as tests/test_output_formats.py does); a real
+process (:func:`rmq_process`) only where the convention is about the process: what a real
+pipe gets, what a fresh interpreter imports, which pages the process touches.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from pathlib import Path
 
 import pytest
 import typer
+from typer.testing import CliRunner
 
+from cli.main import app
 from conftest import REPO
 
 SAMPLE = REPO / "samples" / "multi-segment"
@@ -26,8 +32,24 @@ ANSI = re.compile(r"\x1b\[")
 HEAVY = ("pyspark", "pyarrow", "pandas")
 
 
-def rmq(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE")}
+runner = CliRunner()
+#: Unset for every run unless a test sets them: the outer environment must not decide.
+_COLOUR_ENV = {"NO_COLOR": None, "FORCE_COLOR": None, "TTY_COMPATIBLE": None}
+
+
+def rmq(*args, env=None):
+    """``rmqstore ARGS`` in-process; ``.exit_code``, ``.stdout``, ``.stderr``. An exception
+    the command let through (a traceback, for a user) fails the test here."""
+    out = runner.invoke(app, [str(a) for a in args], env={**_COLOUR_ENV, **(env or {})},
+                        prog_name="rmqstore")
+    if out.exception is not None and not isinstance(out.exception, SystemExit):
+        raise out.exception
+    return out
+
+
+def rmq_process(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
+    """The installed ``rmqstore`` in its own process, output through real pipes."""
+    base = {k: v for k, v in os.environ.items() if k not in _COLOUR_ENV}
     return subprocess.run([RMQSTORE, *map(str, args)], capture_output=True, text=True,
                           cwd=REPO, timeout=timeout, env={**base, **(env or {})})
 
@@ -65,7 +87,7 @@ def test_every_command_and_option_has_help():
     assert not missing, f"no help text: {missing}"
     # And --help itself works for each, exit 0.
     for path, _ in _commands()[:1] + _leaf_commands()[:3]:
-        assert rmq(*path[1:], "--help").returncode == 0
+        assert rmq(*path[1:], "--help").exit_code == 0
 
 
 def test_version():
@@ -73,16 +95,17 @@ def test_version():
 
     for flag in ("--version", "-V"):
         out = rmq(flag)
-        assert out.returncode == 0
+        assert out.exit_code == 0
         assert out.stdout.strip() == f"rmqstore {__version__}"
 
 
-def test_shell_completion_is_available():
+def test_shell_completion_is_available(monkeypatch):
     # Typer detects the shell from the parent process unless told not to; a test run
-    # under a daemon or CI has no shell parent, so the shell is named explicitly.
-    out = rmq("--show-completion", "bash",
-              env={"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"})
-    assert out.returncode == 0, out.stderr
+    # under a daemon or CI has no shell parent, so the shell is named explicitly. Typer
+    # reads the switch when it builds the command, before CliRunner applies ``env``.
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")
+    out = rmq("--show-completion", "bash")
+    assert out.exit_code == 0, out.stderr
     assert "_rmqstore_completion" in out.stdout and "complete" in out.stdout
     assert "--install-completion" in rmq("--help").stdout
 
@@ -109,7 +132,7 @@ def test_format_table_json_jsonl_csv_tsv_wherever_results_are_listed():
         assert re.search(r"--format <table\|json\|jsonl\|csv\|tsv>", usage), (path, "choices are not table|json|jsonl|csv|tsv")
         for fmt in ("table", "json", "jsonl", "csv", "tsv"):
             out = rmq(*path[1:], *args, "--format", fmt)
-            assert out.returncode == 0, (path, fmt, out.stderr)
+            assert out.exit_code == 0, (path, fmt, out.stderr)
             if fmt == "json":
                 json.loads(out.stdout)
             elif fmt == "jsonl":
@@ -123,7 +146,7 @@ def test_jsonl_is_one_json_value_per_line():
     (``jq -c``-style), so piped output can be processed line by line."""
     for path, args in LISTING.items():
         out = rmq(*path[1:], *args, "--format", "jsonl")
-        assert out.returncode == 0, (path, out.stderr)
+        assert out.exit_code == 0, (path, out.stderr)
         for line in out.stdout.splitlines():
             try:
                 json.loads(line)
@@ -132,12 +155,14 @@ def test_jsonl_is_one_json_value_per_line():
 
 
 def test_piped_output_is_plain_and_stable():
-    runs = [rmq("stats", SAMPLE, "--format", "table") for _ in range(2)]
+    # A real process: the convention is what a real pipe on stdout gets (no terminal, so
+    # no styles, and JSON Lines by default), not what CliRunner's buffer gets.
+    runs = [rmq_process("stats", SAMPLE, "--format", "table") for _ in range(2)]
     assert all(r.returncode == 0 for r in runs)
     assert not ANSI.search(runs[0].stdout), "escape codes in piped output"
     assert runs[0].stdout == runs[1].stdout
     # Piped without --format: JSON Lines, one object per line.
-    dump = rmq("dump", SAMPLE, "--limit", "4")
+    dump = rmq_process("dump", SAMPLE, "--limit", "4")
     assert [json.loads(line)["commitLogOffset"] for line in dump.stdout.splitlines()][0] == 0
     assert len(dump.stdout.splitlines()) == 4
 
@@ -145,10 +170,10 @@ def test_piped_output_is_plain_and_stable():
 def test_no_color_wins_over_a_forced_terminal():
     forced = {"FORCE_COLOR": "1", "TTY_COMPATIBLE": "1"}
     styled = rmq("stats", SAMPLE, "--format", "table", env=forced)
-    assert styled.returncode == 0
+    assert styled.exit_code == 0
     assert ANSI.search(styled.stdout), "FORCE_COLOR should make rich style the table (test premise)"
     plain = rmq("stats", SAMPLE, "--format", "table", env={**forced, "NO_COLOR": "1"})
-    assert plain.returncode == 0
+    assert plain.exit_code == 0
     assert not ANSI.search(plain.stdout), "NO_COLOR set, yet escape codes were printed"
     assert "multi-segment" in plain.stdout
 
@@ -158,42 +183,42 @@ def test_times_as_epoch_ms_or_iso_and_printed_as_iso():
     by_ms = rmq("dump", SAMPLE, "--since", ms, "--limit", "3", "--format", "jsonl")
     by_iso = rmq("dump", SAMPLE, "--since", text, "--limit", "3", "--format", "jsonl")
     offset_iso = rmq("dump", SAMPLE, "--since", "2023-11-15T00:15:50+02:00", "--limit", "3", "--format", "jsonl")
-    assert by_ms.returncode == by_iso.returncode == offset_iso.returncode == 0
+    assert by_ms.exit_code == by_iso.exit_code == offset_iso.exit_code == 0
     assert by_ms.stdout == by_iso.stdout == offset_iso.stdout
     first = json.loads(by_ms.stdout.splitlines()[0])
     assert first["storeTimestamp"] >= int(ms) and first["commitLogOffset"] > 0
     q = [rmq("query-key", SAMPLE, "--topic", "OrderEvents", "--key", "order-1010", "--begin", b,
              "--format", "jsonl") for b in ("1700000140000", "2023-11-14T22:15:40Z")]
-    assert q[0].returncode == q[1].returncode == 0 and q[0].stdout == q[1].stdout
+    assert q[0].exit_code == q[1].exit_code == 0 and q[0].stdout == q[1].stdout
     assert len(q[0].stdout.splitlines()) == 2  # one of the three hits is earlier
     table = rmq("dump", SAMPLE, "--limit", "1", "--format", "table", env={"COLUMNS": "250"})
     assert "2023-11-14T22:13:20.000Z" in table.stdout
     assert "1700000000000" not in table.stdout
     bad = rmq("dump", SAMPLE, "--since", "yesterday-ish")
-    assert bad.returncode == 2 and "--since" in bad.stderr
+    assert bad.exit_code == 2 and "--since" in bad.stderr
 
 
 def test_exit_codes():
-    assert rmq("stats", SAMPLE, "--format", "json").returncode == 0
+    assert rmq("stats", SAMPLE, "--format", "json").exit_code == 0
     # 1: the command worked and found nothing / problems.
-    assert rmq("query-key", SAMPLE, "--topic", "OrderEvents", "--key", "no-such-key").returncode == 1
-    assert rmq("get", SAMPLE, "--topic", "OrderEvents", "--uniq-key", "00").returncode == 1
-    assert rmq("verify", SAMPLE).returncode == 0
-    assert rmq("verify", REPO / "samples" / "crashed").returncode == 1
+    assert rmq("query-key", SAMPLE, "--topic", "OrderEvents", "--key", "no-such-key").exit_code == 1
+    assert rmq("get", SAMPLE, "--topic", "OrderEvents", "--uniq-key", "00").exit_code == 1
+    assert rmq("verify", SAMPLE).exit_code == 0
+    assert rmq("verify", REPO / "samples" / "crashed").exit_code == 1
     # 2: bad usage, Typer's own usage errors included, and unusable input.
-    assert rmq("stats").returncode == 2  # missing argument
-    assert rmq("stats", SAMPLE, "--no-such-option").returncode == 2
-    assert rmq("no-such-command").returncode == 2
-    assert rmq("dump", SAMPLE, "--format", "xml").returncode == 2
-    assert rmq("get", SAMPLE).returncode == 2  # none of the ways to find a message
-    assert rmq("stats", REPO / "no-such-store").returncode == 2
-    assert rmq("get", SAMPLE, "--offset", "5").returncode == 2
-    assert rmq("verify", REPO / "no-such-store").returncode == 2
+    assert rmq("stats").exit_code == 2  # missing argument
+    assert rmq("stats", SAMPLE, "--no-such-option").exit_code == 2
+    assert rmq("no-such-command").exit_code == 2
+    assert rmq("dump", SAMPLE, "--format", "xml").exit_code == 2
+    assert rmq("get", SAMPLE).exit_code == 2  # none of the ways to find a message
+    assert rmq("stats", REPO / "no-such-store").exit_code == 2
+    assert rmq("get", SAMPLE, "--offset", "5").exit_code == 2
+    assert rmq("verify", REPO / "no-such-store").exit_code == 2
 
 
 def test_errors_are_one_line_naming_file_and_offset():
     out = rmq("get", SAMPLE, "--offset", "5")
-    assert out.returncode == 2
+    assert out.exit_code == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     assert "Traceback" not in out.stderr
@@ -212,16 +237,17 @@ def test_damaged_record_error_names_file_and_offset(tmp_path):
     data[363 + 4:363 + 8] = b"\0\0\0\0"  # the second record's magic
     seg.write_bytes(bytes(data))
     out = rmq("get", store, "--offset", "363")
-    assert out.returncode == 2
+    assert out.exit_code == 2
     assert len(out.stderr.strip().splitlines()) == 1
     assert str(seg) in out.stderr and "offset 363" in out.stderr
 
 
 def _wall(args) -> float:
+    # A real process: a cold lookup's time is mostly the interpreter starting and importing.
     best = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()
-        out = rmq(*args)
+        out = rmq_process(*args)
         best = min(best, time.perf_counter() - t0)
         assert out.returncode == 0, out.stderr
     return best
@@ -242,6 +268,7 @@ _FAULTS = ("import resource, runpy, sys; sys.argv = ['rmqstore'] + sys.argv[1:]\
 
 @COLD_LOOKUPS
 def test_cold_lookups_import_nothing_heavy(args):
+    # A fresh interpreter: in this process the test session has imported much already.
     out = subprocess.run([sys.executable, "-X", "importtime", "-m", "cli.main", *map(str, args)],
                          capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr[-1000:]
@@ -274,6 +301,7 @@ def test_lookups_touch_pages_for_what_they_read_not_for_the_store(small_and_big,
     after one scan window) stays far below. This replaces a wall-clock budget (see
     test_cold_lookups_are_fast, in the stress run)."""
     def faults(g):
+        # A process of its own: its page-fault count is what is measured.
         argv = [a.format(store=g.root) for a in args]
         out = subprocess.run([sys.executable, "-c", _FAULTS, *argv], capture_output=True,
                              text=True, cwd=REPO, timeout=120)
