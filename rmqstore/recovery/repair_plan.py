@@ -38,11 +38,11 @@ class RepairPlan:
     report: VerifyReport
     unfixed: list = field(default_factory=list)  # (finding, why): problems no step addresses
     #: (step, why) for each step that would remove valid data or act without evidence:
-    #: :func:`repair` refuses the plan unless ``allow_data_loss`` (``--allow-data-loss``).
+    #: :func:`~rmqstore.recovery.repair.repair` refuses the plan unless ``allow_data_loss`` (``--allow-data-loss``).
     refused: list = field(default_factory=list)
 
     def refusal(self) -> RefusedError | None:
-        """The error :func:`repair` raises for this plan without the override."""
+        """The error :func:`~rmqstore.recovery.repair.repair` raises for this plan without the override."""
         if not self.refused:
             return None
         return refused_error(f"repair of {self.store}",
@@ -52,7 +52,7 @@ class RepairPlan:
 def plan_repair(root: str | os.PathLike, *, config: StoreConfig | None = None,
                 report: VerifyReport | None = None, processes: int | None = None,
                 backup: bool = True) -> RepairPlan:
-    """The steps :func:`repair` would take, from a fresh verify unless one is given.
+    """The steps :func:`~rmqstore.recovery.repair.repair` would take, from a fresh verify unless one is given.
 
     Only steps whose execution resolves their finding are planned (so a second run has
     nothing to do); what no step can fix is in ``unfixed`` with the reason, and steps

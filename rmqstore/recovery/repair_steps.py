@@ -1,5 +1,6 @@
-"""A repair step (:class:`Step`, planned by :mod:`rmqstore.recovery.repair_plan`) and how it runs: what it may change (its scope, saved first by
-:mod:`rmqstore.recovery.journal`), its writes, and the space it needs (the preflight).
+"""A repair step (:class:`Step`, planned by :mod:`rmqstore.recovery.repair_plan`) and how
+it runs: what it may change (its scope, saved first by :mod:`rmqstore.recovery.journal`),
+its writes, and the space it needs (the preflight).
 
 Writes here are ``pwrite``/``ftruncate``/``rename`` on descriptors opened without
 following links, never through a mapping: on a full disk a write into a hole is then an
