@@ -13,14 +13,12 @@ from typing import Iterator
 
 from ..format import layout as L
 from ..format.message import Message
-from ..format.crc import body_crc
-from ..format.record import decode_record
+from ..format.record import body_crc_ok, decode_record, fields_size, record_fits
 from .config import StoreConfig
 from ..errors import OffsetError, RecordError
 from .segments import Segment, SegmentQueue
 
-_SYS_FLAG, _SYS_FLAG_AT = L.HEAD_FIELD_STRUCT["sys_flag"], L.OFFSET_OF["sys_flag"]
-_BODY_CRC, _BODY_CRC_AT = L.HEAD_FIELD_STRUCT["body_crc"], L.OFFSET_OF["body_crc"]
+_TOTAL_SIZE = L.RECORD_TOTAL_SIZE_STRUCT
 
 
 class Check(enum.Enum):
@@ -39,16 +37,30 @@ class RecordCheck:
 
 def check_record(buf, pos: int, limit: int, *, check_crc: bool = True,
                  magics: tuple[int, ...] = L.MESSAGE_MAGICS) -> RecordCheck:
-    """Classify the bytes at ``pos`` as RocketMQ's scan would (spec §3.9).
+    """Classify the bytes at ``pos`` as RocketMQ's scan would (spec §3.9): the size rule
+    is :func:`~rmqstore.format.record.record_fits`, and a whole record's body must match its
+    BODYCRC (``check_crc``).
 
     ``magics`` lets a 4.9-faithful caller reject v2. No Python objects are built for the
     variable fields; only the body is touched, and only for the CRC.
     """
+    got = record_fits(buf, pos, limit - pos, magics)
+    if got.__class__ is int:
+        if check_crc and not body_crc_ok(buf, pos, limit - pos):
+            return RecordCheck(Check.FAIL, 0, "body CRC mismatch")
+        return RecordCheck(Check.OK, got)
+    return _not_whole(buf, pos, limit, magics, check_crc)
+
+
+def _not_whole(buf, pos: int, limit: int, magics, check_crc: bool) -> RecordCheck:
+    """The verdict on bytes :func:`record_fits` found no whole record at, in the order
+    the broker's parse meets them (spec §3.9: a size past the data fails before the magic
+    is read, a body is CRC-checked before the topic is read), with the reason text."""
     left = limit - pos
     if left <= 4:
         return RecordCheck(Check.FAIL, 0, "no room for a record")
     total, magic = L.BLANK_STRUCT.unpack_from(buf, pos) if left >= 8 else (
-        int.from_bytes(buf[pos:pos + 4], "big", signed=True), 0)
+        _TOTAL_SIZE.unpack_from(buf, pos)[0], 0)
     if total > left:
         return RecordCheck(Check.FAIL, 0, f"size {total} runs past the {left} bytes left")
     if magic == L.MAGIC_BLANK:
@@ -59,39 +71,13 @@ def check_record(buf, pos: int, limit: int, *, check_crc: bool = True,
         return RecordCheck(Check.FAIL, 0, f"bad magic 0x{magic & 0xFFFFFFFF:08X}")
     if total < L.RECORD_HEAD_SIZE:
         return RecordCheck(Check.FAIL, 0, f"size {total} is too small")
-    sys_flag = _SYS_FLAG.unpack_from(buf, pos + _SYS_FLAG_AT)[0]
-    key = (bool(sys_flag & L.SYSFLAG_BORNHOST_V6), bool(sys_flag & L.SYSFLAG_STOREHOST_V6))
-    fixed = L.RECORD_FIXED_SIZE[key]
-    try:
-        if fixed > left:
-            raise IndexError
-        body_len = int.from_bytes(buf[pos + fixed - 4:pos + fixed], "big", signed=True)
-        p = pos + fixed
-        if body_len > 0:
-            if p + body_len > limit:
-                raise IndexError
-            if check_crc:
-                crc = _BODY_CRC.unpack_from(buf, pos + _BODY_CRC_AT)[0]
-                if body_crc(buf[p:p + body_len]) != crc:
-                    return RecordCheck(Check.FAIL, 0, "body CRC mismatch")
-            p += body_len
-        tsize = 2 if magic == L.MAGIC_V2 else 1
-        if p + tsize > limit:
-            raise IndexError
-        topic_len = int.from_bytes(buf[p:p + tsize], "big", signed=True)
-        if topic_len < 0 or p + tsize + topic_len + 2 > limit:
-            raise IndexError
-        p += tsize + topic_len
-        props_len = int.from_bytes(buf[p:p + 2], "big", signed=True)
-        if props_len > 0 and p + 2 + props_len > limit:
-            raise IndexError
-    except IndexError:
+    if check_crc and body_crc_ok(buf, pos, limit - pos) is False:
+        return RecordCheck(Check.FAIL, 0, "body CRC mismatch")
+    expected = fields_size(buf, pos, left)
+    if expected is None or expected > left:
         return RecordCheck(Check.FAIL, 0, "record fields run past the end of the data")
-    expected = L.record_size(sys_flag, magic, body_len, topic_len, props_len)
-    if total != expected:
-        return RecordCheck(Check.FAIL_WITH_SIZE, total,
-                           f"size field says {total}, fields add up to {expected}")
-    return RecordCheck(Check.OK, total)
+    return RecordCheck(Check.FAIL_WITH_SIZE, total,
+                       f"size field says {total}, fields add up to {expected}")
 
 
 @dataclass

@@ -33,6 +33,86 @@ def chain_step(buf, at: int, left: int) -> str:
     return "zeros" if total == 0 and magic == 0 else "bad magic"
 
 
+# --- is this a whole record: the §3.9 size rule (check side) ------------------------------
+
+#: Why :func:`record_fits` finds no whole message record: :func:`chain_step`'s stops, and
+#: ``"half record"`` (the length fields do not add up to TOTALSIZE).
+FIT_VERDICTS = ("end", "short", "blank", "zeros", "bad magic", "bad size", "half record")
+
+_SYS_FLAG, _SYS_FLAG_AT = L.HEAD_FIELD_STRUCT["sys_flag"], L.OFFSET_OF["sys_flag"]
+_BODY_CRC, _BODY_CRC_AT = L.HEAD_FIELD_STRUCT["body_crc"], L.OFFSET_OF["body_crc"]
+_BODY_LENGTH = {k: (L.RECORD_FIXED_OFFSETS[k]["body_length"][0], size)
+                for k, size in L.RECORD_FIXED_SIZE.items()}
+
+
+def fields_size(buf, at: int, left: int) -> int | None:
+    """The TOTALSIZE the length fields of the message record at ``buf[at:]`` add up to, as
+    the broker's ``calMsgLength`` computes it (spec §3.1: a negative body or properties
+    length counts as none, :func:`~rmqstore.format.layout.record_size`); None when a field
+    lies past the ``left`` bytes of data or the topic length is negative (the broker's
+    parse throws there: a plain FAIL, §3.9). The header must be readable (``left >= 8``)."""
+    magic = L.BLANK_STRUCT.unpack_from(buf, at)[1]
+    if left < L.RECORD_HEAD_SIZE:
+        return None
+    sys_flag = _SYS_FLAG.unpack_from(buf, at + _SYS_FLAG_AT)[0]
+    body_at, fixed = _BODY_LENGTH[bool(sys_flag & L.SYSFLAG_BORNHOST_V6),
+                                  bool(sys_flag & L.SYSFLAG_STOREHOST_V6)]
+    if fixed > left:
+        return None
+    body_len = max(int.from_bytes(buf[at + body_at:at + fixed], "big", signed=True), 0)
+    tsize = 2 if magic == L.MAGIC_V2 else 1
+    p = fixed + body_len  # from ``at`` on
+    if p + tsize > left:
+        return None
+    topic_len = int.from_bytes(buf[at + p:at + p + tsize], "big", signed=True)
+    p += tsize + topic_len
+    if topic_len < 0 or p + 2 > left:
+        return None
+    props_len = max(int.from_bytes(buf[at + p:at + p + 2], "big", signed=True), 0)
+    return p + 2 + props_len
+
+
+def body_crc_ok(buf, at: int, left: int) -> bool | None:
+    """Does the body of the message record at ``buf[at:]`` match its BODYCRC (spec §3.9;
+    an empty body always does)? None when the body lies past the ``left`` bytes of data."""
+    if left < L.RECORD_HEAD_SIZE:
+        return None
+    sys_flag = _SYS_FLAG.unpack_from(buf, at + _SYS_FLAG_AT)[0]
+    body_at, fixed = _BODY_LENGTH[bool(sys_flag & L.SYSFLAG_BORNHOST_V6),
+                                  bool(sys_flag & L.SYSFLAG_STOREHOST_V6)]
+    if fixed > left:
+        return None
+    body_len = int.from_bytes(buf[at + body_at:at + fixed], "big", signed=True)
+    if body_len <= 0:
+        return True
+    if fixed + body_len > left:
+        return None
+    p = at + fixed
+    return body_crc(buf[p:p + body_len]) == _BODY_CRC.unpack_from(buf, at + _BODY_CRC_AT)[0]
+
+
+def record_fits(buf, at: int, left: int, magics: tuple[int, ...] = L.MESSAGE_MAGICS) -> int | str:
+    """TOTALSIZE of the whole message record at ``buf[at:]``, with ``left`` bytes of data
+    from there, or why there is none (one of :data:`FIT_VERDICTS`).
+
+    Whole means the spec's §3.9 framing without the CRC: a message magic (one of
+    ``magics``), a TOTALSIZE from :data:`~rmqstore.format.layout.MIN_RECORD_SIZE` up to
+    ``left`` (:func:`chain_step`), and body, topic and properties lengths that add up to it
+    exactly (:func:`fields_size`; the broker's FAIL_WITH_SIZE, "half message", when not).
+    The vector form over many records is :func:`rmqstore.scan.records.consistent` after a
+    chain walk; tests hold the two to the same golden headers."""
+    if left < 8:
+        return "end" if left == 0 else "short"
+    total, magic = L.BLANK_STRUCT.unpack_from(buf, at)
+    if magic not in magics:
+        if magic == L.MAGIC_BLANK:
+            return "blank"
+        return "zeros" if total == 0 and magic == 0 else "bad magic"
+    if not L.MIN_RECORD_SIZE <= total <= left:
+        return "bad size"
+    return total if fields_size(buf, at, left) == total else "half record"
+
+
 def _host_bits(born: Host, store: Host) -> int:
     return (L.SYSFLAG_BORNHOST_V6 if born.is_v6 else 0) | (L.SYSFLAG_STOREHOST_V6 if store.is_v6 else 0)
 

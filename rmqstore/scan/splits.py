@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import mmap
 import os
-import struct
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -37,7 +36,7 @@ import numpy as np
 
 from ..format import layout as L
 from . import records as scan
-from ..format.record import chain_step
+from ..format.record import chain_step, record_fits
 from ..format.rules import parse_delay_levels
 from ..errors import NotAStoreError, RecordError, SegmentError
 from ..files.mapped import map_read
@@ -54,13 +53,10 @@ _MIN_RECORD = L.MIN_RECORD_SIZE
 _HEAD = L.BLANK_STRUCT  # (total_size, magic): the first 8 bytes of any record
 _MAGIC_AT = L.OFFSET_OF["magic"]
 _PHYS_AT = L.OFFSET_OF["physical_offset"]
-_SYSFLAG_AT = L.OFFSET_OF["sys_flag"]
-_I32 = struct.Struct(">i")
-_I16 = struct.Struct(">h")
-_I8 = struct.Struct(">b")
-_I64 = struct.Struct(">q")
-_MAGIC_V1_BYTES = _I32.pack(L.MAGIC_V1)
-_MAGIC_V2_BYTES = _I32.pack(L.MAGIC_V2)
+_PHYSICAL_OFFSET = L.HEAD_FIELD_STRUCT["physical_offset"]
+_TOTAL_SIZE = L.RECORD_TOTAL_SIZE_STRUCT
+_MAGIC_V1_BYTES = L.HEAD_FIELD_STRUCT["magic"].pack(L.MAGIC_V1)
+_MAGIC_V2_BYTES = L.HEAD_FIELD_STRUCT["magic"].pack(L.MAGIC_V2)
 _MAGIC_PREFIX = os.path.commonprefix([_MAGIC_V1_BYTES, _MAGIC_V2_BYTES])
 _MAGIC_LAST = {_MAGIC_V1_BYTES[-1], _MAGIC_V2_BYTES[-1]}
 #: Stop reasons after which the next segment file continues the chain (spec §4, §10.1).
@@ -316,37 +312,21 @@ class Window:
 
 
 def _record_ok(w: Window, p: int, base: int, max_record: int) -> int:
-    """TOTALSIZE of a whole, self-consistent record at file position ``p`` whose stored
-    PHYSICALOFFSET is ``base + p`` (resync rules 1-4), else 0."""
-    size_left = w.size - p
-    if size_left < _MIN_RECORD:
+    """TOTALSIZE of a whole record at file position ``p`` (resync rules 1 and 3: the
+    spec's §3.9 size rule, :func:`~rmqstore.format.record.record_fits`) no larger than
+    ``max_record`` (rule 2) whose stored PHYSICALOFFSET is ``base + p`` (rule 4), else 0."""
+    if w.size - p < _MIN_RECORD:
         return 0
     w.need(p + 8)
-    buf, r = w.buf, p - w.lo
-    total, magic = _HEAD.unpack_from(buf, r)
-    if magic not in L.MESSAGE_MAGICS or total < _MIN_RECORD or total > min(max_record, size_left):
+    r = p - w.lo
+    if chain_step(w.buf, r, min(max_record, w.size - p)) != "record":
         return 0
+    total = _TOTAL_SIZE.unpack_from(w.buf, r)[0]
     w.need(p + total)
-    sys_flag = _I32.unpack_from(buf, r + _SYSFLAG_AT)[0]
-    if _I64.unpack_from(buf, r + _PHYS_AT)[0] != base + p:
+    # The record's own bytes only: a tail that runs into the next record is not whole.
+    if record_fits(w.buf, r, total) != total:
         return 0
-    key = (bool(sys_flag & L.SYSFLAG_BORNHOST_V6), bool(sys_flag & L.SYSFLAG_STOREHOST_V6))
-    fixed = L.RECORD_FIXED_SIZE[key]
-    body_len = max(_I32.unpack_from(buf, r + fixed - 4)[0], 0)
-    q = r + fixed + body_len
-    if q + 1 > r + total:
-        return 0
-    if magic == L.MAGIC_V2:
-        if q + 2 > r + total:
-            return 0
-        topic_len, q = _I16.unpack_from(buf, q)[0], q + 2
-    else:
-        topic_len, q = _I8.unpack_from(buf, q)[0], q + 1
-    if topic_len < 0 or q + topic_len + 2 > r + total:
-        return 0
-    q += topic_len
-    props_len = max(_I16.unpack_from(buf, q)[0], 0)
-    return total if q + 2 + props_len == r + total else 0
+    return total if _PHYSICAL_OFFSET.unpack_from(w.buf, r + _PHYS_AT)[0] == base + p else 0
 
 
 def _is_end(w: Window, q: int) -> bool:
