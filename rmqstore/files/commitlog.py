@@ -15,6 +15,7 @@ from ..format import layout as L
 from ..format.message import Message
 from ..format.record import body_crc_ok, decode_record, fields_size, record_fits
 from .config import StoreConfig
+from .ends import ValidEnd
 from ..errors import OffsetError, RecordError
 from .segments import Segment, SegmentQueue
 
@@ -32,7 +33,8 @@ class Check(enum.Enum):
 class RecordCheck:
     status: Check
     size: int
-    reason: str = ""
+    reason: str = ""  # what failed, for a person ("size field says 300, fields add up to 254")
+    end: str = ""  # the same as a reason valid data ends for (a key of ends.REASONS)
 
 
 def check_record(buf, pos: int, limit: int, *, check_crc: bool = True,
@@ -47,47 +49,49 @@ def check_record(buf, pos: int, limit: int, *, check_crc: bool = True,
     got = record_fits(buf, pos, limit - pos, magics)
     if got.__class__ is int:
         if check_crc and not body_crc_ok(buf, pos, limit - pos):
-            return RecordCheck(Check.FAIL, 0, "body CRC mismatch")
+            return RecordCheck(Check.FAIL, 0, "body CRC mismatch", "crc")
         return RecordCheck(Check.OK, got)
-    return _not_whole(buf, pos, limit, magics, check_crc)
+    return _not_whole(buf, pos, limit, magics, check_crc, got)
 
 
-def _not_whole(buf, pos: int, limit: int, magics, check_crc: bool) -> RecordCheck:
-    """The verdict on bytes :func:`record_fits` found no whole record at, in the order
-    the broker's parse meets them (spec §3.9: a size past the data fails before the magic
-    is read, a body is CRC-checked before the topic is read), with the reason text."""
+def _not_whole(buf, pos: int, limit: int, magics, check_crc: bool, why: str) -> RecordCheck:
+    """The verdict on bytes :func:`record_fits` found no whole record at (``why``), in the
+    order the broker's parse meets them (spec §3.9: a size past the data fails before the
+    magic is read, a body is CRC-checked before the topic is read), with the reason text."""
     left = limit - pos
     if left <= 4:
-        return RecordCheck(Check.FAIL, 0, "no room for a record")
+        return RecordCheck(Check.FAIL, 0, "no room for a record", why)
     total, magic = L.BLANK_STRUCT.unpack_from(buf, pos) if left >= 8 else (
         _TOTAL_SIZE.unpack_from(buf, pos)[0], 0)
-    if total > left:
-        return RecordCheck(Check.FAIL, 0, f"size {total} runs past the {left} bytes left")
+    if total > left:  # a BLANK too (5.x checks the size first)
+        return RecordCheck(Check.FAIL, 0, f"size {total} runs past the {left} bytes left",
+                           "bad size" if why == "blank" else why)
     if magic == L.MAGIC_BLANK:
-        return RecordCheck(Check.END_OF_SEGMENT, 0)
+        return RecordCheck(Check.END_OF_SEGMENT, 0, "", why)
     if magic not in magics:
         if total == 0 and magic == 0:
-            return RecordCheck(Check.FAIL, 0, "zeros")
-        return RecordCheck(Check.FAIL, 0, f"bad magic 0x{magic & 0xFFFFFFFF:08X}")
+            return RecordCheck(Check.FAIL, 0, "zeros", why)
+        return RecordCheck(Check.FAIL, 0, f"bad magic 0x{magic & 0xFFFFFFFF:08X}", why)
     if total < L.RECORD_HEAD_SIZE:
-        return RecordCheck(Check.FAIL, 0, f"size {total} is too small")
+        return RecordCheck(Check.FAIL, 0, f"size {total} is too small", why)
     if check_crc and body_crc_ok(buf, pos, limit - pos) is False:
-        return RecordCheck(Check.FAIL, 0, "body CRC mismatch")
+        return RecordCheck(Check.FAIL, 0, "body CRC mismatch", "crc")
     expected = fields_size(buf, pos, left)
     if expected is None or expected > left:
-        return RecordCheck(Check.FAIL, 0, "record fields run past the end of the data")
+        return RecordCheck(Check.FAIL, 0, "record fields run past the end of the data", why)
     return RecordCheck(Check.FAIL_WITH_SIZE, total,
-                       f"size field says {total}, fields add up to {expected}")
+                       f"size field says {total}, fields add up to {expected}", why)
 
 
-@dataclass
-class ScanEnd:
-    """Where valid data ends, and why the walk stopped there."""
+@dataclass(frozen=True)
+class ScanEnd(ValidEnd):
+    """Where valid data ends as the broker's recovery walk finds it (spec §10.1; bodies
+    by :func:`~rmqstore.format.rules.broker_end`): ``reason`` is "" when the walk reached
+    the last segment's end, else why the record there fails (``detail`` says it for a
+    person)."""
 
-    offset: int  # first byte after the last valid record (the broker's processOffset)
-    last_record: int  # start of the last valid record, -1 when there is none
-    records: int
-    reason: str  # "" when the walk reached the last segment's end
+    last_record: int = -1  # start of the last valid record, -1 when there is none
+    detail: str = ""
 
 
 class CommitLog:
@@ -159,7 +163,8 @@ class CommitLog:
                 return
             i += 1
             if i < len(segs) and segs[i].start != seg.end:
-                yield segs[i - 1].end, RecordCheck(Check.FAIL, 0, "next segment is missing")
+                yield segs[i - 1].end, RecordCheck(Check.FAIL, 0, "next segment is missing",
+                                                   "missing segment")
                 return
             if i < len(segs):
                 offset = segs[i].start
@@ -174,7 +179,7 @@ class CommitLog:
             end = start
         last = -1
         count = 0
-        reason = ""
+        reason = detail = ""
         for off, c in self.walk(start, check_crc=check_crc):
             if c.status is Check.OK:
                 last, count, end = off, count + 1, off + c.size
@@ -185,8 +190,8 @@ class CommitLog:
                 nxt = seg.end
                 end = nxt if any(s.start == nxt for s in self.segments) else off
             else:
-                end, reason = off, c.reason or c.status.value
-        return ScanEnd(end, last, count, reason)
+                end, reason, detail = off, c.end, c.reason or c.status.value
+        return ScanEnd(end, reason, count, last, detail)
 
     def messages(self, start: int | None = None, end: int | None = None, *,
                  check_crc: bool = False) -> Iterator[Message]:

@@ -149,13 +149,14 @@ def check_commitlog(c: Collector, queue: SegmentQueue, scan: StoreScan, cp, abor
     c.add("commitlog-end", None, None,
           f"CommitLog valid from {queue.min_offset} up to {end} ({scan.count} messages); "
           f"stops: {scan.reason}", commitLogOffset=end)
-    if scan.reason == "gap":
+    why = scan.valid_end.reason
+    if why == "missing segment":
         nxt = segs[i + 1]
         c.add("commitlog-gap", nxt.path, 0,
               f"segment {seg.path.name} ends at {seg.end} but the next file starts at {nxt.start}: "
               f"the segment(s) in between are missing; everything from {end} on is unreachable")
     pos = end - seg.start
-    if scan.reason not in ("blank", "end", "gap") and pos < seg.readable_size:
+    if why not in ("blank", "end", "missing segment") and pos < seg.readable_size:
         buf = seg.buffer()
         kind, desc, nbytes = _tail(buf, pos, seg.readable_size)
         if kind != "zeros":
@@ -186,7 +187,7 @@ def check_commitlog(c: Collector, queue: SegmentQueue, scan: StoreScan, cp, abor
                   "refuses to load it; repair extends it with zeros)")
     for j in range(i + 1, len(segs)):
         s = segs[j]
-        if scan.reason == "gap" or s.file_size == 0:
+        if why == "missing segment" or s.file_size == 0:
             pass
         u8 = np.frombuffer(s.buffer(), np.uint8, count=s.readable_size) if s.readable_size else np.zeros(0, np.uint8)
         nz = int(np.count_nonzero(u8))

@@ -22,6 +22,7 @@ from ..format.hashing import java_hash
 from .records import RecordColumns, columns, consistent, walk_chain, walk_range
 from .properties import PropertyIndex
 from . import handover
+from ..files.ends import VERIFY_SPELLING, ValidEnd
 from ..format.hashing import index_hash_from, signed_int32, span_hash
 
 # --- one segment -----------------------------------------------------------------------
@@ -330,10 +331,21 @@ class StoreScan:
 
     parts: list[SegmentDispatch]
     kept: list[int]
-    end: int  # first byte after valid data
+    valid_end: ValidEnd  # where valid data ends and why (blank/end: the last segment's end)
     end_segment: int  # index of the segment holding ``end`` (-1: no segments)
-    reason: str  # why valid data stops: blank/end (the last segment), zeros, torn, gap, ...
     damaged: list[int]  # offsets of kept records whose body fails its CRC
+
+    @property
+    def end(self) -> int:
+        """First byte after valid data."""
+        return self.valid_end.offset
+
+    @property
+    def reason(self) -> str:
+        """Why valid data stops, spelled as verify shows it (``endReason``): "torn" for a
+        half record, "gap" for a missing segment (:data:`~rmqstore.files.ends.VERIFY_SPELLING`)."""
+        why = self.valid_end.reason
+        return VERIFY_SPELLING.get(why, why)
 
     def records(self, field_name: str) -> np.ndarray:
         arrs = [getattr(p, field_name)[:k] for p, k in zip(self.parts, self.kept)]
@@ -349,12 +361,12 @@ def store_scan(parts: list[SegmentDispatch], segment_size: int) -> StoreScan:
     kept = [0] * len(parts)
     damaged: list[int] = []
     if not parts:
-        return StoreScan(parts, kept, 0, -1, "no segments", damaged)
+        return StoreScan(parts, kept, ValidEnd(0, "no segments", 0), -1, damaged)
     end, end_seg, reason = parts[0].start, 0, ""
     for i, p in enumerate(parts):
         reason = ""
         if i and p.start != parts[i - 1].start + segment_size:
-            reason = "gap"
+            reason = "missing segment"
             break
         n = len(p)
         good = int(np.argmin(p.consistent)) if n and not p.consistent.all() else n
@@ -374,7 +386,7 @@ def store_scan(parts: list[SegmentDispatch], segment_size: int) -> StoreScan:
         end_seg = i
         if good < n:
             end = int(p.offset[good])
-            reason = reason or "torn"
+            reason = reason or "half record"
             break
         if full:
             end = p.start + segment_size if p.stop == "blank" else p.chain_end
@@ -384,4 +396,4 @@ def store_scan(parts: list[SegmentDispatch], segment_size: int) -> StoreScan:
         if reason != "torn":
             reason = p.stop if p.limit == segment_size else "short file"
         break
-    return StoreScan(parts, kept, end, end_seg, reason, damaged)
+    return StoreScan(parts, kept, ValidEnd(end, reason, sum(kept)), end_seg, damaged)

@@ -21,6 +21,7 @@ from ..format import layout as L
 from ..format.message import Host, Message
 from ..format.record import chain_step, decode_record
 from ..format.crc import BODY_CRC_MASK, crc32_spans
+from ..files.ends import ValidEnd
 
 _MIN_RECORD = L.MIN_RECORD_SIZE
 _SIZE = L.derive_struct(Struct(L.RecordHead.subcons[0]))  # TOTALSIZE alone, for the walk
@@ -391,11 +392,21 @@ def consistent(c: RecordColumns) -> np.ndarray:
 
 @dataclass
 class SegmentScan:
-    """The valid records of one segment and how the segment ends."""
+    """The valid records of one segment (or of a window of it) and where and why they end
+    (``valid_end.reason``: blank, end, range, zeros, bad magic, bad size, short, half record
+    or crc, :data:`rmqstore.files.ends.REASONS`)."""
 
     records: RecordColumns
-    end: int  # absolute offset just after the last valid record (where a BLANK starts)
-    stop: str  # blank | end | zeros | bad magic | bad size | short | half record | crc
+    valid_end: ValidEnd
+
+    @property
+    def end(self) -> int:
+        """Absolute offset just after the last valid record (where a BLANK starts)."""
+        return self.valid_end.offset
+
+    @property
+    def stop(self) -> str:
+        return self.valid_end.reason
 
 
 #: Bytes of a segment walked and gathered at a time by :func:`scan_windows`: columns stay
@@ -418,7 +429,7 @@ def scan_windows(buf, base: int, limit: int, start: int = 0, *,
         if not ok.all():
             k = int(np.argmin(ok))
             cols, stop, stop_pos = cols.take(slice(0, k)), "half record", int(starts[k])
-        yield SegmentScan(cols, base + stop_pos, stop)
+        yield SegmentScan(cols, ValidEnd(base + stop_pos, stop, len(cols)))
         if stop != "range":
             return
         pos = stop_pos
@@ -439,4 +450,4 @@ def scan_buffer(buf, base: int, limit: int, start: int = 0, *,
         stop = "half record" if not consistent(cols.take(slice(k, k + 1)))[0] else "crc"
         cols = cols.take(slice(0, k))
         stop_pos = int(starts[k])
-    return SegmentScan(cols, base + stop_pos, stop)
+    return SegmentScan(cols, ValidEnd(base + stop_pos, stop, len(cols)))

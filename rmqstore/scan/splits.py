@@ -39,6 +39,7 @@ from . import records as scan
 from ..format.record import chain_step, record_fits
 from ..format.rules import parse_delay_levels
 from ..errors import NotAStoreError, RecordError, SegmentError
+from ..files.ends import ValidEnd
 from ..files.mapped import map_read
 
 DEFAULT_SPLIT_SIZE = 64 * 1024 * 1024
@@ -511,13 +512,18 @@ def split_boundary(split: Split) -> Boundary:
 # --- stitching ---------------------------------------------------------------------------
 
 
-@dataclass
-class StoreEnd:
-    """Where a store's valid CommitLog data ends (spec §10.1)."""
+@dataclass(frozen=True)
+class StoreEnd(ValidEnd):
+    """Where a store's valid CommitLog data ends (spec §10.1) as the split walk finds it:
+    ``reason`` is "" when every file ended cleanly (BLANK or file end), else why; the
+    ``records`` before it; and where the data begins."""
 
-    min_offset: int  # first segment's start
-    end_offset: int  # first byte after the last valid record (recovery's processOffset)
-    reason: str  # "" when every file ended cleanly (BLANK or file end), else why
+    min_offset: int = 0  # first segment's start
+
+    @property
+    def end_offset(self) -> int:
+        """First byte after the last valid record (recovery's processOffset)."""
+        return self.offset
 
 
 @dataclass
@@ -552,6 +558,7 @@ def stitch(splits: Sequence[Split], boundaries: dict[int, Boundary]) -> Stitched
     for store, ss in by_store.items():
         ss = sorted(ss, key=lambda s: (s.file_index, s.begin))
         ended: tuple[int, str] | None = None
+        counted = 0  # records in the store's kept splits
         last_end = ss[0].file_start if ss else 0
         # Where recovery's processOffset lands if nothing fails: at the last file's BLANK
         # (or its end), not at the end of its padding (spec §10.1).
@@ -581,7 +588,7 @@ def stitch(splits: Sequence[Split], boundaries: dict[int, Boundary]) -> Stitched
                     pending = True
                     continue
                 keep.append(s.split_id)
-                records += b.records
+                counted += b.records
                 if b.stop == "range":
                     expected = b.chain_end
                 elif b.stop in FILE_DONE:
@@ -594,10 +601,9 @@ def stitch(splits: Sequence[Split], boundaries: dict[int, Boundary]) -> Stitched
             if state == "open" and not pending:
                 # The chain ran past the last range: it ended exactly at the file end.
                 last_end = final = head.file_start + head.segment_size
-        if ended is None:
-            ends[store] = StoreEnd(ss[0].file_start if ss else 0, final, "")
-        else:
-            ends[store] = StoreEnd(ss[0].file_start if ss else 0, ended[0], ended[1])
+        offset, reason = (final, "") if ended is None else ended
+        ends[store] = StoreEnd(offset, reason, counted, ss[0].file_start if ss else 0)
+        records += counted
     return Stitched(sorted(keep), sorted(drop), rerun, ends, records)
 
 
