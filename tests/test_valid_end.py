@@ -9,12 +9,14 @@ jobs (``StoreEnd``) and the broker-faithful walk (``CommitLog.find_end``, ``Scan
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from conftest import ROCKETMQ_498, copy_store, manifest
 from rmqstore.files.commitlog import CommitLog
 from rmqstore.files.config import load_config
 from rmqstore.files.ends import REASONS, VERIFY_SPELLING, ValidEnd
+from rmqstore.format.rules import broker_end, rmqstore_end
 from rmqstore.recovery.verify import verify
 from rmqstore.scan.records import scan_buffer
 from rmqstore.stats import commitlog_stats
@@ -42,8 +44,8 @@ def _damage(kind: str, root) -> None:
         _patch(root, last, 0, (size + 1).to_bytes(4, "big"))
     elif kind == "crc at the tail":  # the last record's first body byte
         _patch(root, last, 88, b"\x00")
-    elif kind == "crc in the middle":
-        _patch(root, recs[250][0], 88, b"\x00")
+    elif kind == "crc before the last records":  # in the last segment: no BLANK after it
+        _patch(root, recs[-3][0], 88, b"\x00")
     elif kind == "missing segment":
         (root / "commitlog" / f"{3 * SEG:020d}").unlink()
     elif kind == "short file":
@@ -58,13 +60,13 @@ def _at(offset: int) -> int:
 
 # (damage, verify's endReason and end, the split walk's (stats, Spark) reason and end,
 #  find_end's reason and end, records before each end). The split walk reads no CRC;
-#  find_end stops at the first CRC failure as the broker does; verify cuts only a
-#  trailing run of them (format.rules).
+#  find_end stops at the first CRC failure as the broker does (rules.broker_end); verify
+#  cuts only a trailing run of them (rules.rmqstore_end).
 CASES = [
     ("none", "zeros", "zeros", "zeros"),
     ("half record", "torn", "half record", "half record"),
     ("crc at the tail", "torn", "zeros", "crc"),
-    ("crc in the middle", "zeros", "zeros", "crc"),
+    ("crc before the last records", "zeros", "zeros", "crc"),
     ("missing segment", "gap", "missing segment", "missing segment"),
     ("short file", "short file", "zeros", "zeros"),
 ]
@@ -75,7 +77,7 @@ def _ends(kind):
     end = recs[-1][0] + recs[-1][1]
     return {"none": (end, end, end), "half record": (recs[-1][0],) * 3,
             "crc at the tail": (recs[-1][0], end, recs[-1][0]),
-            "crc in the middle": (end, end, recs[250][0]),
+            "crc before the last records": (end, end, recs[-3][0]),
             "missing segment": (3 * SEG,) * 3, "short file": (end, end, end)}[kind]
 
 
@@ -124,3 +126,28 @@ def test_the_segment_scan_carries_one():
 
 def test_the_verify_spellings_name_reasons():
     assert set(VERIFY_SPELLING) <= set(REASONS)
+
+
+# --- the two rules for bodies failing their CRC (format.rules), stated once each --------
+
+T, F = True, False
+
+
+@pytest.mark.parametrize("crc_ok, kept", [
+    ([], 0), ([T, T, T], 3), ([F, T, T], 0), ([T, F, T], 1), ([T, T, F], 2), ([F, F], 0),
+])
+def test_the_broker_stops_at_the_first_crc_failure(crc_ok, kept):
+    assert broker_end(crc_ok) == kept
+    assert broker_end(np.array(crc_ok, bool)) == kept
+
+
+@pytest.mark.parametrize("crc_ok, finished, kept", [
+    ([], False, 0), ([T, T, T], False, 3),
+    ([T, F, T], False, 3),  # damage in place: a record that passes follows
+    ([T, T, F], False, 2), ([T, F, F], False, 1), ([F, F], False, 0),  # torn tails
+    ([F, T, F, T], False, 4),
+    ([T, T, F], True, 3),  # a segment finished at its BLANK has no torn tail
+])
+def test_rmqstore_cuts_only_a_torn_tail(crc_ok, finished, kept):
+    assert rmqstore_end(crc_ok, finished) == kept
+    assert rmqstore_end(np.array(crc_ok, bool), finished) == kept

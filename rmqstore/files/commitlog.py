@@ -171,7 +171,9 @@ class CommitLog:
 
     def find_end(self, start: int | None = None, *, check_crc: bool | None = None) -> ScanEnd:
         """Walk from ``start`` (default: the first segment) to the end of valid data,
-        as recovery does (spec §10.1)."""
+        as recovery does (spec §10.1): it stops at the first body failing its CRC
+        (:func:`~rmqstore.format.rules.broker_end`; verify keeps such a record when valid
+        ones follow, :func:`~rmqstore.format.rules.rmqstore_end`)."""
         if check_crc is None:
             check_crc = self.config.check_crc_on_recover
         end = self.segments[0].start if self.segments else 0

@@ -5,11 +5,15 @@ ConsumeQueue unit (:func:`gets_cq_unit`, §6.1), which put index keys and which 
 (:func:`gets_index_keys`, :func:`index_keys`, §7.3), and the unit's tagsCode
 (:func:`tags_code`: the TAGS hash, or the delivery time for SCHEDULE_TOPIC_XXXX, §6.1)
 with the delay levels it reads. The transaction rules take an int or a numpy array alike.
+Where bodies failing their CRC end valid data: the broker's rule (:func:`broker_end`) and
+rmqstore's (:func:`rmqstore_end`, spec §10.5), side by side.
 """
 
 from __future__ import annotations
 
 from typing import Mapping, Sequence
+
+import numpy as np
 
 from ..errors import InputError
 from . import layout as L
@@ -95,3 +99,30 @@ def index_keys(topic: str, uniq_key: str | None, keys, sys_flag: int = 0) -> lis
     out = [f"{topic}#{uniq_key}"] if uniq_key is not None else []
     out.extend(f"{topic}#{k}" for k in keys if k)
     return out
+
+
+# --- where bodies failing their CRC end valid data (spec §10.1, §10.5) ----------------------
+# Two rules on purpose: rmqstore reports what the broker would do, and keeps what it can.
+# Both take, for the whole records (§3.9 size rule) of a chain in order, whether each body
+# matches its BODYCRC (a bool sequence or numpy array), and say how many lead records stay.
+
+
+def broker_end(crc_ok) -> int:
+    """The broker's recovery: a CRC failure is a FAIL and a FAIL ends valid data (§10.1),
+    so the records before the first failure stay. ``files.commitlog.CommitLog.find_end``
+    walks by this rule (``engine`` reopens a store with it, as a broker would)."""
+    ok = np.asarray(crc_ok, bool)
+    return len(ok) if ok.all() else int(np.argmin(ok))
+
+
+def rmqstore_end(crc_ok, finished: bool) -> int:
+    """rmqstore's verify, repair and rebuild: a run of CRC failures that ends the chain is a
+    torn tail (§10.5), cut; a failure followed by a record that passes is damage in place,
+    kept and reported (cutting there, as the broker would, loses every later record). A
+    segment whose chain ``finished`` (at its BLANK or its last byte, at full size) has no
+    torn tail. ``scan.dispatch.store_scan`` applies it per segment."""
+    ok = np.asarray(crc_ok, bool)
+    if finished or not len(ok) or ok[-1]:
+        return len(ok)
+    passed = np.flatnonzero(ok)
+    return int(passed[-1]) + 1 if len(passed) else 0

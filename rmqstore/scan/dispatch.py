@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit, gets_index_keys, parse_delay_levels, tags_code
+from ..format.rules import (SCHEDULE_TOPIC, gets_cq_unit, gets_index_keys, parse_delay_levels,
+                            rmqstore_end, tags_code)
 from ..format.hashing import java_hash
 from .records import RecordColumns, columns, consistent, walk_chain, walk_range
 from .properties import PropertyIndex
@@ -357,7 +358,9 @@ class StoreScan:
 
 
 def store_scan(parts: list[SegmentDispatch], segment_size: int) -> StoreScan:
-    """Walk the per-segment results in order, as recovery's shared scan does (§10.1)."""
+    """Walk the per-segment results in order, as recovery's shared scan does (§10.1), with
+    rmqstore's rule for bodies failing their CRC (:func:`~rmqstore.format.rules.rmqstore_end`:
+    a trailing run is a torn tail, earlier ones are ``damaged``)."""
     kept = [0] * len(parts)
     damaged: list[int] = []
     if not parts:
@@ -370,18 +373,11 @@ def store_scan(parts: list[SegmentDispatch], segment_size: int) -> StoreScan:
             break
         n = len(p)
         good = int(np.argmin(p.consistent)) if n and not p.consistent.all() else n
-        bad_crc = np.flatnonzero(~p.crc_ok[:good])
         full = p.stop in ("blank", "end") and good == n and p.limit == segment_size
-        if not full and len(bad_crc):
-            # A run of CRC failures right before the end of the chain is a torn tail.
-            k = good
-            while k > 0 and not p.crc_ok[k - 1]:
-                k -= 1
-            if k < good:
-                good = k
-                bad_crc = bad_crc[bad_crc < good]
-                reason = "torn"
-        damaged.extend(p.offset[bad_crc].tolist())
+        keep = rmqstore_end(p.crc_ok[:good], full)  # a torn tail is cut, damage kept
+        if keep < good:
+            good, reason = keep, "torn"
+        damaged.extend(p.offset[np.flatnonzero(~p.crc_ok[:good])].tolist())
         kept[i] = good
         end_seg = i
         if good < n:
