@@ -191,7 +191,8 @@ def dispatch_split(split, check_crc: bool = True, delay_millis=None, keys: bool 
 
 def split_dispatch(split, check_crc: bool, delay_millis, keys: bool, pack):
     """(boundary, ``pack(SegmentDispatch)``) of one byte range of a segment."""
-    from .splits import Boundary, Window, resync
+    from .split_stitch import Boundary
+    from .splits import Window, resync
 
     w = Window(split)
     try:

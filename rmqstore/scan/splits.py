@@ -1,4 +1,7 @@
-"""CommitLog byte-range splits: plan them, read one anywhere, stitch them back together.
+"""CommitLog byte-range splits: read one anywhere. Planning them is
+:mod:`rmqstore.scan.split_plan`, stitching them back together
+:mod:`rmqstore.scan.split_stitch`; this module gives their names too (``splits.Split``,
+``splits.plan_splits``, ``splits.stitch``...), for the callers that use one namespace.
 
 This is the reading core shared by the CLI (one process or a process pool) and the
 Spark jobs (:mod:`rmqstore.pipeline`); it imports numpy only (pyarrow lazily, for remote
@@ -26,23 +29,22 @@ How a split is read (spark-notes "Reading CommitLog files", spec §2, §3, §4):
 
 from __future__ import annotations
 
-import dataclasses
 import mmap
 import os
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
-from ..format import layout as L
-from . import records as scan
-from ..format.record import chain_step, record_fits
-from ..format.rules import parse_delay_levels
-from ..errors import NotAStoreError, RecordError, SegmentError
-from ..files.ends import ValidEnd
+from ..errors import SegmentError
 from ..files.mapped import map_read
+from ..format import layout as L
+from ..format.record import chain_step, record_fits
+from . import records as scan
+from .split_plan import (DEFAULT_SPLIT_SIZE, Split, StoreFiles, _local, arrow_filesystem,  # noqa: F401
+                         in_range, is_remote, list_store, plan_splits)
+from .split_stitch import (FILE_DONE, Boundary, Stitched, StoreEnd, resolve, run_local,  # noqa: F401
+                           stitch)
 
-DEFAULT_SPLIT_SIZE = 64 * 1024 * 1024
 #: Resync hops (rule 5) and how far a remote window reaches past a range at first.
 RESYNC_HOPS = 3
 REMOTE_OVERHANG = 1024 * 1024
@@ -60,166 +62,6 @@ _MAGIC_V1_BYTES = L.HEAD_FIELD_STRUCT["magic"].pack(L.MAGIC_V1)
 _MAGIC_V2_BYTES = L.HEAD_FIELD_STRUCT["magic"].pack(L.MAGIC_V2)
 _MAGIC_PREFIX = os.path.commonprefix([_MAGIC_V1_BYTES, _MAGIC_V2_BYTES])
 _MAGIC_LAST = {_MAGIC_V1_BYTES[-1], _MAGIC_V2_BYTES[-1]}
-#: Stop reasons after which the next segment file continues the chain (spec §4, §10.1).
-FILE_DONE = ("blank", "end")
-
-
-# --- planning ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Split:
-    """One byte range of one CommitLog segment file. Small and picklable: it is what the
-    driver ships to a task."""
-
-    split_id: int
-    store: str  # the store root exactly as the user gave it
-    path: str  # segment file: a local path or a URI pyarrow.fs understands
-    file_index: int  # position of the file in the store's segment order
-    file_start: int  # the segment's start offset (its name)
-    file_size: int  # readable bytes: min(file length, segment size)
-    segment_size: int
-    begin: int  # first byte of the range, relative to the file
-    end: int  # one past the last byte of the range
-    max_record: int  # largest plausible TOTALSIZE (maxMessageSize + 64 KiB, spec §3.6)
-    contiguous: bool = True  # the file starts where the previous one ended (spec §2)
-    #: Forced first record position: no resync. One below ``begin`` (a range's first split
-    #: read alone) walks the chain from there, and only the records from ``begin`` are read.
-    start: int | None = None
-
-    def with_start(self, start: int) -> Split:
-        return dataclasses.replace(self, start=start)
-
-
-def is_remote(path: str) -> bool:
-    """A URI with a scheme other than ``file``: read through pyarrow.fs."""
-    return "://" in path and not path.startswith("file://")
-
-
-#: Hadoop's names for S3 buckets, which pyarrow knows as ``s3://`` (same bucket and key).
-_ARROW_SCHEMES = {"s3a": "s3", "s3n": "s3"}
-
-
-def arrow_filesystem(uri: str):
-    """(pyarrow filesystem, path inside it) for a URI; ``s3a://`` and ``s3n://`` (Hadoop's
-    spelling, what Spark users write) are read as ``s3://``."""
-    from pyarrow import fs as pafs
-
-    scheme, sep, rest = uri.partition("://")
-    return pafs.FileSystem.from_uri(_ARROW_SCHEMES.get(scheme.lower(), scheme) + sep + rest)
-
-
-def _local(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
-
-
-@dataclass
-class StoreFiles:
-    """The CommitLog segment files of one store, in offset order."""
-
-    store: str
-    segment_size: int
-    max_record: int
-    files: list[tuple[str, int, int]]  # (path, start offset, file length)
-    delay_millis: tuple[int, ...]
-
-
-def list_store(store: str, *, segment_size: int | None = None, conf=None,
-               config=None) -> StoreFiles:
-    """The CommitLog files of a store root (local path or URI), with the geometry the
-    readers need. Local stores take geometry from :func:`rmqstore.files.config.load_config`
-    (broker.conf > files > defaults), or from ``config``, the
-    :class:`~rmqstore.files.config.StoreConfig` a reader already uses: its CommitLog
-    directories (``storePathCommitLog``) are the ones listed, and their files gave its
-    geometry; remote ones from the file lengths."""
-    from ..files.config import load_config
-    from ..files.listing import LONG_MAX, entries, offset_name
-
-    if not is_remote(store):
-        root = _local(store)
-        if not os.path.isdir(root):
-            raise NotAStoreError("no such store directory", store)
-        overrides = {"mapped_file_size_commit_log": segment_size} if segment_size else None
-        if config is not None:
-            cfg = config.with_values(**overrides) if overrides else config
-        else:
-            cfg = load_config(root, conf, overrides)
-        found: dict[int, tuple[str, int]] = {}
-        for d in cfg.commit_log_dirs:
-            for e in entries(d):  # links inside the store are not followed
-                start = offset_name(e.name) if e.kind == "file" else None
-                if start is not None and start <= LONG_MAX - cfg.mapped_file_size_commit_log:
-                    found[start] = (str(e.path), e.size)
-        if not found and not any(d.is_dir() for d in cfg.commit_log_dirs):
-            raise NotAStoreError("no commitlog directory", store)
-        files = [(found[s][0], s, found[s][1]) for s in sorted(found)]
-        return StoreFiles(store, cfg.mapped_file_size_commit_log, cfg.max_message_size + 65536,
-                          files, cfg.delay_millis)
-    from pyarrow import fs as pafs
-
-    fs, base = arrow_filesystem(store.rstrip("/") + "/commitlog")
-    infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
-    prefix = store.rstrip("/") + "/commitlog/"
-    files = sorted((prefix + i.base_name, int(i.base_name), i.size) for i in infos
-                   if i.type == pafs.FileType.File and offset_name(i.base_name) is not None)
-    files = [(p, s, n) for p, s, n in sorted(files, key=lambda f: f[1])]
-    if not files:
-        raise NotAStoreError("no commitlog segment files", store)
-    if segment_size is None:
-        sizes = {n for _, _, n in files if n > 0}
-        segment_size = max(sizes) if sizes else 1024 ** 3
-    return StoreFiles(store, segment_size, 4 * 1024 * 1024 + 65536, files, parse_delay_levels())
-
-
-def plan_splits(stores: Sequence[str] | Sequence[StoreFiles], split_size: int = DEFAULT_SPLIT_SIZE,
-                ) -> list[Split]:
-    """Cut every CommitLog segment of every store into ranges of at most ``split_size``
-    bytes. Split ids are dense and ordered by (store, file, range)."""
-    if split_size <= 0:
-        raise ValueError("split size must be positive")
-    out: list[Split] = []
-    for st in stores:
-        sf = st if isinstance(st, StoreFiles) else list_store(st)
-        prev_end = None
-        for fi, (path, start, length) in enumerate(sf.files):
-            readable = min(length, sf.segment_size)
-            contiguous = prev_end is None or start == prev_end
-            prev_end = start + sf.segment_size
-            begins = range(0, readable, split_size) if readable else [0]
-            for b in begins:
-                out.append(Split(len(out), sf.store, path, fi, start, readable, sf.segment_size,
-                                 b, min(b + split_size, readable), sf.max_record, contiguous))
-    return out
-
-
-def in_range(splits: Sequence[Split], lo: int | None = None, hi: int | None = None) -> list[Split]:
-    """The splits of one store that can hold records starting in ``[lo, hi)`` (CommitLog
-    offsets; None: open); the others are not read at all. Reading starts at the segment
-    holding ``lo``, as a sequential reader from ``lo`` starts (spec §4): the first split
-    kept in it is forced to start at the segment's start (see :attr:`Split.start`), so its
-    first record is proven by the size chain, never guessed by resync. A missing segment
-    before ``lo`` still ends the store's data there (spec §2), so the range gets nothing.
-    A file shorter than the segment size still holds ``lo`` up to its logical end: its
-    last split is kept, so damage before ``lo`` in it ends the data as it does for dump."""
-    out: list[Split] = []
-    gap = False
-    for s in splits:
-        if hi is not None and s.file_start + s.begin >= hi:
-            continue
-        reach = s.segment_size if s.end >= s.file_size else s.end
-        if lo is not None and s.file_start + reach <= lo:
-            gap |= not s.contiguous
-            continue
-        if not out or out[-1].file_index != s.file_index:
-            if s.begin > 0:
-                s = s.with_start(0)
-            if gap:
-                s, gap = dataclasses.replace(s, contiguous=False), False
-        out.append(s)
-    return out
-
-
-# --- reading one split -----------------------------------------------------------------
 
 
 class _NeedMore(Exception):
@@ -420,21 +262,6 @@ def _walk(w: Window, first: int, end: int) -> tuple[list[int], int, str]:
 
 
 @dataclass
-class Boundary:
-    """What a task reports about its split, for the driver's chain check."""
-
-    split_id: int
-    first: int | None  # file position of the first record it owns (forced start if forced)
-    chain_end: int  # file position just after its last owned record (or its first)
-    stop: str  # "range" (the chain continues past the range), or why valid data stopped
-    records: int
-    forced: bool = False
-
-    def as_row(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-@dataclass
 class SplitScan:
     """The records a split owns, as bulk columns over the open window, and its boundary."""
 
@@ -507,148 +334,3 @@ def _read(w: Window, s: Split) -> SplitScan:
 def split_boundary(split: Split) -> Boundary:
     with open_split(split) as sc:
         return sc.boundary
-
-
-# --- stitching ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StoreEnd(ValidEnd):
-    """Where a store's valid CommitLog data ends (spec §10.1) as the split walk finds it:
-    ``reason`` is "" when every file ended cleanly (BLANK or file end), else why; the
-    ``records`` before it; and where the data begins."""
-
-    min_offset: int = 0  # first segment's start
-
-    @property
-    def end_offset(self) -> int:
-        """First byte after the last valid record (recovery's processOffset)."""
-        return self.offset
-
-
-@dataclass
-class Stitched:
-    """The driver's verdict on every split."""
-
-    keep: list[int]  # split ids whose records are part of the store's valid data
-    drop: list[int]  # split ids whose records lie after the end of valid data
-    rerun: dict[int, int]  # split id -> the position the chain says it must start at
-    ends: dict[str, StoreEnd]
-    records: int  # records in kept splits
-
-
-def stitch(splits: Sequence[Split], boundaries: dict[int, Boundary]) -> Stitched:
-    """Check the size chain across splits and files, as a sequential walk from the first
-    segment would see it (spec §4, §10.1; spark-notes resync rule).
-
-    Within a file the chain starts at 0 and each split must begin where the previous one's
-    chain left its range; a split that disagrees is returned in ``rerun`` with the start
-    it must use (only the first per file: the rest depend on it). After a BLANK or the
-    file's end the next file continues; after anything else valid data has ended, and
-    every later record of the store is dropped.
-    """
-    keep: list[int] = []
-    drop: list[int] = []
-    rerun: dict[int, int] = {}
-    ends: dict[str, StoreEnd] = {}
-    records = 0
-    by_store: dict[str, list[Split]] = {}
-    for s in splits:
-        by_store.setdefault(s.store, []).append(s)
-    for store, ss in by_store.items():
-        ss = sorted(ss, key=lambda s: (s.file_index, s.begin))
-        ended: tuple[int, str] | None = None
-        counted = 0  # records in the store's kept splits
-        last_end = ss[0].file_start if ss else 0
-        # Where recovery's processOffset lands if nothing fails: at the last file's BLANK
-        # (or its end), not at the end of its padding (spec §10.1).
-        final = last_end
-        i = 0
-        while i < len(ss):
-            fi = ss[i].file_index
-            group = []
-            while i < len(ss) and ss[i].file_index == fi:
-                group.append(ss[i])
-                i += 1
-            head = group[0]
-            if ended is None and not head.contiguous:
-                ended = (last_end, "missing segment")
-            expected: int | None = 0
-            state = "open" if ended is None else "after"
-            pending = False
-            for s in group:
-                b = boundaries[s.split_id]
-                if pending:
-                    continue  # decided once the rerun ahead of it is in
-                if state != "open" or expected is None or expected >= s.end:
-                    (drop if b.records else keep).append(s.split_id)
-                    continue
-                if b.first != expected:
-                    rerun[s.split_id] = expected
-                    pending = True
-                    continue
-                keep.append(s.split_id)
-                counted += b.records
-                if b.stop == "range":
-                    expected = b.chain_end
-                elif b.stop in FILE_DONE:
-                    state = "done"
-                    last_end = head.file_start + head.segment_size
-                    final = head.file_start + b.chain_end
-                else:
-                    state = "ended"
-                    ended = (head.file_start + b.chain_end, b.stop)
-            if state == "open" and not pending:
-                # The chain ran past the last range: it ended exactly at the file end.
-                last_end = final = head.file_start + head.segment_size
-        offset, reason = (final, "") if ended is None else ended
-        ends[store] = StoreEnd(offset, reason, counted, ss[0].file_start if ss else 0)
-        records += counted
-    return Stitched(sorted(keep), sorted(drop), rerun, ends, records)
-
-
-def resolve(splits: Sequence[Split], boundaries: dict[int, Boundary],
-            rerun: Callable[[Split], Boundary]) -> tuple[Stitched, dict[int, Split]]:
-    """Stitch, re-reading each wrongly resynced split with a forced start via ``rerun``
-    until the chain is whole. Returns the verdict and the forced splits that replaced
-    the originals (their outputs are the ones to keep)."""
-    by_id = {s.split_id: s for s in splits}
-    replaced: dict[int, Split] = {}
-    boundaries = dict(boundaries)
-    for _ in range(len(splits) + 1):
-        st = stitch(splits, boundaries)
-        if not st.rerun:
-            return st, replaced
-        for sid, start in st.rerun.items():
-            if boundaries[sid].forced:
-                # A forced start is the chain's own position; it cannot disagree.
-                raise RecordError("split chain does not converge", by_id[sid].path, start)
-            fs = by_id[sid].with_start(start)
-            replaced[sid] = fs
-            boundaries[sid] = rerun(fs)
-    raise RecordError("split chain does not converge", splits[0].path if splits else None)
-
-
-def run_local(splits: Sequence[Split], task: Callable[[Split], tuple[Boundary, object]],
-              processes: int = 1) -> tuple[Stitched, dict[int, object]]:
-    """Run ``task`` over every split in this process (or a process pool), stitch, re-run
-    wrong resyncs, and return the verdict and each kept split's payload."""
-    payloads: dict[int, object] = {}
-    boundaries: dict[int, Boundary] = {}
-    if processes > 1 and len(splits) > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(processes) as pool:
-            for s, (b, p) in zip(splits, pool.map(task, splits)):
-                boundaries[s.split_id], payloads[s.split_id] = b, p
-    else:
-        for s in splits:
-            boundaries[s.split_id], payloads[s.split_id] = task(s)
-
-    def again(s: Split) -> Boundary:
-        b, p = task(s)
-        payloads[s.split_id] = p
-        return b
-
-    st, _ = resolve(splits, boundaries, again)
-    return st, {sid: payloads[sid] for sid in st.keep}

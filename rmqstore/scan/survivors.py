@@ -43,7 +43,7 @@ class Survivors:
 def _records_after(seg: Segment, pos: int, segment_size: int, max_record: int,
                    limit: int | None = None):
     from .dispatch import split_dispatch
-    from .splits import Split
+    from .split_plan import Split
 
     limit = seg.readable_size if limit is None else min(limit, seg.readable_size)
     offs, sizes = [], []
