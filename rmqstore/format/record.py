@@ -50,10 +50,10 @@ def fields_size(buf, at: int, left: int) -> int | None:
     the broker's ``calMsgLength`` computes it (spec §3.1: a negative body or properties
     length counts as none, :func:`~rmqstore.format.layout.record_size`); None when a field
     lies past the ``left`` bytes of data or the topic length is negative (the broker's
-    parse throws there: a plain FAIL, §3.9). The header must be readable (``left >= 8``)."""
-    magic = L.BLANK_STRUCT.unpack_from(buf, at)[1]
+    parse throws there: a plain FAIL, §3.9)."""
     if left < L.RECORD_HEAD_SIZE:
         return None
+    magic = L.BLANK_STRUCT.unpack_from(buf, at)[1]
     sys_flag = _SYS_FLAG.unpack_from(buf, at + _SYS_FLAG_AT)[0]
     body_at, fixed = _BODY_LENGTH[bool(sys_flag & L.SYSFLAG_BORNHOST_V6),
                                   bool(sys_flag & L.SYSFLAG_STOREHOST_V6)]
