@@ -9,7 +9,8 @@ from typing import Optional
 import typer
 
 from cli.common import app, handles_errors
-from cli.output import Format, FormatOption, NoPagerOption, Output
+from cli.formats import Format, FormatOption, NoPagerOption
+from cli.output import Output
 
 BENCH_HELP = """Time rmqstore on data it generates: messages/s, MB/s and seconds, the median of
 --runs runs. With no benchmark named, runs them all. The data goes to a subfolder of --dir

@@ -11,7 +11,8 @@ from cli.common import (BodyMode, ConfigOption, app, fail, handles_errors, parse
                         report_config)
 from cli.filters import (TIME_HELP, KeyOption, QueueIdOption, SinceOption, TagOption,
                          UniqKeyOption, UntilOption, filter_args, use_tz)
-from cli.output import Format, Output, output_options
+from cli.formats import Format
+from cli.output import Output, output_options
 
 # Table columns (JSON and CSV carry every field). A table has no room for a crcOk column
 # at 120 characters; a body that fails its CRC is marked in its cell instead.

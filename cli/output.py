@@ -1,34 +1,16 @@
 """The one output layer: every command prints through an :class:`Output`.
 
 ``@output_options`` gives a command ``--format/-f table|json|jsonl|csv|tsv`` and
-``--no-pager`` (defined here only) and hands it ``out``. A command then says what it has,
-section by section, and the format decides how it looks:
+``--no-pager`` (both defined in :mod:`cli.formats` only) and hands it ``out``. A command
+then says what it has, section by section, and the format decides how it looks:
 
 * ``out.rows(rows, columns)``: items (messages, units, findings, queues ...);
 * ``out.record(obj)``: one object (a summary, a checkpoint, one message);
 * ``out.document(value)``: the whole ``-f json`` document, when the command has one
   already (then sections add nothing to it).
 
-How each format shows sections:
-
-=========  ============================================================================
-table      every section for people: streaming tables (:mod:`cli.table`), records as
-           ``name  value`` lines; data escaped (:mod:`cli.terminal`); a pager on a
-           terminal when longer than the screen (:mod:`cli.pager`). Default on a terminal.
-json       exactly one compact document: a bare array when the command's only section
-           is rows without a ``key``; else an object, each section under its ``key``
-           (a record without ``key`` gives its fields). Arrays stream as they are read.
-jsonl      one compact JSON object per line, one line per item: the sections marked
-           ``items`` (a summary beside the items, like stats' CommitLog, is not an item).
-           Default when piped.
-csv, tsv   a header row, then one row per item (the ``items`` sections); nested values
-           as compact JSON, None as empty; quoted as the csv module does, so newlines,
-           commas and tabs in values round-trip.
-=========  ============================================================================
-
-JSON and CSV stay exact. On a terminal, csv/tsv cells are escaped like table cells and
-JSON writes DEL, C1 controls and U+2028/9 as ``\\uXXXX`` (the same JSON value), so no
-format lets bytes from a store drive the terminal.
+Each format shows sections its own way (:mod:`cli.formats`), through the table renderer
+(:mod:`cli.table`, cells from :mod:`cli.cells`) or a streaming writer (:mod:`cli.streams`).
 
 Rows are written as they come, with bounded memory. Whatever is held back (a table's
 first rows while its widths are decided, a screenful while deciding on a pager, a
@@ -42,12 +24,9 @@ table text: a body preview, a decoded id), ``fields`` (the csv columns of a stre
 
 from __future__ import annotations
 
-import csv
-import enum
 import functools
 import inspect
 import io
-import json
 import sys
 import threading
 import time
@@ -57,34 +36,11 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 import typer
 
 from cli import terminal
+from cli.cells import rendered_cell, table_cell
+from cli.formats import Format, FormatOption, NoPagerOption, resolve_format
 from cli.pager import PATIENCE, Sink
+from cli.streams import CsvStream, JsonDoc, chain, write_jsonl
 from cli.table import Table
-
-
-class Format(str, enum.Enum):
-    table = "table"
-    json = "json"
-    jsonl = "jsonl"
-    csv = "csv"
-    tsv = "tsv"
-
-
-FORMAT_HELP = ("Output format: table (default on a terminal), json (one document), jsonl (one "
-               "object per line, default when piped), csv or tsv (a header row, then one row "
-               "per item).")
-FormatOption = typer.Option(None, "--format", "-f", help=FORMAT_HELP, case_sensitive=False)
-NoPagerOption = typer.Option(False, "--no-pager", help="Do not page output longer than the "
-                             "screen (a pager is only used on a terminal: $RMQSTORE_PAGER, "
-                             "$PAGER or less, with LESS=FRX).")
-
-_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-
-
-def resolve_format(fmt: Optional[Format], stream=None) -> Format:
-    """Table on a terminal, JSON Lines when piped, unless the user chose."""
-    if fmt is not None:
-        return Format(fmt)
-    return Format.table if terminal.is_tty(stream or sys.stdout) else Format.jsonl
 
 
 def output_options(fn: Callable | None = None, *, pager: bool = True):
@@ -116,115 +72,6 @@ def output_options(fn: Callable | None = None, *, pager: bool = True):
     return deco(fn) if fn is not None else deco
 
 
-def _plain(value: Any) -> str:
-    """A value as csv text: exact, nested values as compact JSON."""
-    if value is None:
-        return ""
-    if value is True or value is False:
-        return "true" if value else "false"
-    if isinstance(value, (dict, list, tuple)):
-        return _encode(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return terminal.escape_bytes(bytes(value))
-    return str(value)
-
-
-def _cell(value: Any) -> tuple[str, bool]:
-    """A value as table text (escaped) and whether it is a number."""
-    if value is None:
-        return "", False
-    if value is True or value is False:
-        return ("true" if value else "false"), False
-    if isinstance(value, (int, float)):
-        return str(value), True
-    if isinstance(value, str):
-        return terminal.escape(value), False
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return terminal.escape_bytes(bytes(value)), False
-    if isinstance(value, (dict, list, tuple)):
-        # JSON text is its own notation: its escapes (\u001b) stand, nothing is doubled.
-        return terminal.clean(terminal.json_safe(_encode(value))), False
-    return terminal.escape(str(value)), False
-
-
-def _rendered(f: Callable[[Any], str]) -> Callable[[Any], tuple[str, bool]]:
-    """A command's cell function as a cell maker (its text escaped like any other)."""
-    def conv(value):
-        return ("", False) if value is None else (terminal.escape(str(f(value))), False)
-    return conv
-
-
-class _JsonDoc:
-    """Exactly one JSON document, written as sections arrive."""
-
-    def __init__(self, write: Callable[[str], None]):
-        self.write = write
-        self.state: str | None = None  # None, "object", "done" (array or value written)
-        self.given = False  # document() was called: sections add nothing
-        self._first = True
-
-    def _enc(self, v) -> str:
-        return terminal.json_safe(_encode(v))
-
-    def value(self, v) -> None:
-        self._fresh()
-        self.write(self._enc(v))
-        self.state, self.given = "done", True
-
-    def _fresh(self) -> None:
-        if self.state is not None:
-            raise RuntimeError("a command's -f json output must be one document")
-
-    def _member(self, key: str) -> None:
-        if self.state is None:
-            self.write("{")
-            self.state = "object"
-        elif self.state != "object":
-            self._fresh()
-        self.write(("" if self._first else ",") + self._enc(key) + ":")
-        self._first = False
-
-    def member(self, key: str, v) -> None:
-        self._member(key)
-        self.write(self._enc(v))
-
-    def members(self, obj: Mapping) -> None:
-        for k, v in obj.items():
-            self.member(k, v)
-
-    def array(self, rows: Iterable, key: str | None, lock) -> int:
-        with lock:
-            if key is None:
-                self._fresh()
-                self.state = "done"
-            else:
-                self._member(key)
-            self.write("[")
-        n = 0
-        for row in rows:
-            text = self._enc(row)
-            with lock:
-                self.write(text if not n else "," + text)
-            n += 1
-        with lock:
-            self.write("]")
-        return n
-
-    def close(self, ok: bool) -> None:
-        if self.state is None or not ok:
-            return  # nothing, or an incomplete document that must not parse as whole
-        if self.state == "object":
-            self.write("}")
-        self.write("\n")
-
-
-class _SinkFile:
-    """The file the csv module writes to."""
-
-    def __init__(self, write):
-        self.write = write
-
-
 class Output:
     """A command's output in one format; see the module docstring. Use as a context
     manager (``@output_options`` does)."""
@@ -243,10 +90,11 @@ class Output:
         self.sink = Sink(self.stream, page=pager and self.tty, lines=self.height,
                          columns=self.width)
         self._lock = threading.RLock()
-        self._json = _JsonDoc(self.sink.write)
+        self._json = JsonDoc(self.sink.write)
         self._table: Table | None = None
         self._wrote = False
-        self._csv_header = False
+        self._csv = CsvStream(self.sink.write, self._lock, self.fmt, tty=self.tty,
+                              warn=self.warn)
         self._warnings: list[str] = []
         self._done = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -316,6 +164,7 @@ class Output:
             self.sink.finish()
             self.sink = Sink(self.stream)
             self._json.write = self.sink.write
+            self._csv.write = self.sink.write
         self._flush_warnings()
 
     def flush(self) -> None:
@@ -405,8 +254,8 @@ class Output:
         if not items:
             return 0
         if fmt is Format.jsonl:
-            return self._jsonl(rows)
-        return self._csv(rows, fields, columns)
+            return write_jsonl(rows, self.sink.write, self._lock)
+        return self._csv.rows(rows, fields, columns)
 
     def record(self, obj: Mapping[str, Any], *, title: str | None = None,
                key: str | None = None, items: bool = True, table: bool = True,
@@ -431,64 +280,11 @@ class Output:
         if not items:
             return
         if fmt is Format.jsonl:
-            self._jsonl([obj])
+            write_jsonl([obj], self.sink.write, self._lock)
         else:
-            self._csv([obj], fields)
+            self._csv.rows([obj], fields)
 
-    # --- formats -------------------------------------------------------------------------
-
-    def _jsonl(self, rows) -> int:
-        n = 0
-        write = self.sink.write
-        lock = self._lock
-        for row in rows:
-            text = terminal.json_safe(_encode(row)) + "\n"
-            with lock:
-                write(text)
-            n += 1
-        return n
-
-    def _csv(self, rows, fields: Sequence[str] | None, columns: Sequence[str] | None = None) -> int:
-        rows = rows if isinstance(rows, (list, tuple)) else iter(rows)
-        if fields is None:
-            if isinstance(rows, (list, tuple)):
-                seen: dict[str, None] = {}
-                for r in rows:
-                    seen.update(dict.fromkeys(r))
-                fields = list(seen) or list(columns or ())
-            else:
-                first = next(rows, None)
-                if first is None:
-                    fields = list(columns or ())
-                else:
-                    fields = list(first)
-                    rows = _chain(first, rows)
-        if not fields:
-            return 0
-        fields = list(fields)
-        known = set(fields)
-        escape = terminal.escape if self.tty else (lambda s: s)
-        writer = csv.writer(_SinkFile(self.sink.write),
-                            dialect="excel-tab" if self.fmt is Format.tsv else "excel",
-                            lineterminator="\n")
-        with self._lock:
-            if self._csv_header:
-                self.sink.write("\n")  # a second table: never expected, kept readable
-            writer.writerow([escape(f) for f in fields])
-            self._csv_header = True
-        n = 0
-        warned = False
-        for row in rows:
-            if not warned and not known.issuperset(row):
-                extra = next(k for k in row if k not in known)
-                self.warn(f"{extra!r} of row {n + 1} is not a {self.fmt.value} column: "
-                          "use --format jsonl to see every field")
-                warned = True
-            line = [escape(_plain(row.get(f))) for f in fields]
-            with self._lock:
-                writer.writerow(line)
-            n += 1
-        return n
+    # --- tables --------------------------------------------------------------------------
 
     def _end_table(self) -> None:
         if self._table is not None:
@@ -509,7 +305,7 @@ class Output:
             if first is None:
                 return 0
             names = list(first)
-            rows = _chain(first, rows)
+            rows = chain(first, rows)
         kinds = {c: "fixed" for c in times}
         kinds.update({c: "fold" for c in prose})
         with self._lock:
@@ -523,7 +319,7 @@ class Output:
                                     kinds={terminal.escape(k): v for k, v in kinds.items()},
                                     vertical=vertical, ellipsis=self.ellipsis,
                                     text_kind="fold" if vertical else "cut")
-        convs = [(c, _rendered(render[c]) if c in render else _cell) for c in names]
+        convs = [(c, rendered_cell(render[c]) if c in render else table_cell) for c in names]
         lock = self._lock
         n = 0
         for row in rows:
@@ -536,9 +332,3 @@ class Output:
             if self._table is t:
                 self._end_table()
         return n
-
-
-def _chain(first, rest):
-    yield first
-    yield from rest
-

@@ -172,27 +172,62 @@ def test_properties_need_text_is_exact(text):
     assert properties_need_text(props, text) == (not reproducible)
 
 
-def test_every_index_hash_form_maps_min_value_to_zero():
-    """``"D[OTYME#key1".hashCode()`` is Integer.MIN_VALUE (the topic's 7 characters were
-    chosen as base-31 digits to make it so), which ``Math.abs`` leaves negative; the
-    IndexFile uses 0 (spec §7.2). Every form that computes index hashes must agree."""
+#: spec §12.1: (string, topic#token split or None, hashCode, index keyHash, slot of 5,000,000).
+SPEC_12_1 = [
+    ("TagA", None, 2598919, 2598919, 2598919),
+    ("OrderID188", None, -1566895736, 1566895736, 1895736),
+    ("TopicTest#OrderID188", ("TopicTest", "OrderID188"), -1231271670, 1231271670, 1271670),
+    ("订单-123", None, -596558504, 596558504, 1558504),
+    ("TopicTest#订单-123", ("TopicTest", "订单-123"), -1725004326, 1725004326, 4326),
+    ("TopicTest#key\U0001F600", ("TopicTest", "key\U0001F600"), 205860672, 205860672, 860672),
+    ("polygenelubricants", None, -(2**31), 0, 0),  # Math.abs(MIN_VALUE) is negative: 0
+    ("TopicTest#key-qqhdwuj", ("TopicTest", "key-qqhdwuj"), -(2**31), 0, 0),
+]
+
+
+def test_every_hash_form_gives_the_spec_12_1_values():
+    """Each form of the one hash rule (rmqstore/format/hashing.py: scalar, per-string
+    vector, matrix, per-topic token, byte span, from parts) against the spec's table,
+    MIN_VALUE keys (H7, H8) included, not against one another."""
     import numpy as np
 
     from rmqstore.engine.batch import _token_hashes
     from rmqstore.format.hashing import (index_abs, index_abs_many, index_hash_from, index_hashes,
                                          prefix_hash, span_hash, token_hash, token_hashes)
 
-    topic, token = "D[OTYME", "key1"
-    key = f"{topic}#{token}"
-    assert java_hash(key) == -(2**31)
-    assert index_hash(key) == 0 and index_abs(-(2**31)) == 0 and index_abs(-5) == 5
-    assert index_hash_many([key, "a"]).tolist() == [0, index_hash("a")]
-    assert index_hashes([key]).tolist() == [0]
-    assert token_hash(prefix_hash(topic), topic, token) == 0
-    assert token_hashes(prefix_hash(topic), [token]).tolist() == [0]
-    assert _token_hashes(topic, [token]).tolist() == [0]
-    u8 = np.frombuffer(token.encode() + bytes(128), np.uint8)
-    h, units = span_hash(u8, np.array([0]), np.array([len(token)]))
-    th = np.array([java_hash(topic) & 0xFFFFFFFF], np.uint32)
-    assert index_hash_from(th, h, units).tolist() == [0]
-    assert index_abs_many(np.array([2**31, 2**32 - 7, 7], np.uint64)).tolist() == [0, 7, 7]
+    strings = [row[0] for row in SPEC_12_1]
+    codes = [row[2] for row in SPEC_12_1]
+    keys = [row[3] for row in SPEC_12_1]
+    assert [java_hash(x) for x in strings] == codes
+    assert java_hash_many(strings).tolist() == codes
+    assert [index_hash(x) for x in strings] == keys
+    assert [index_hash(x) % 5_000_000 for x in strings] == [row[4] for row in SPEC_12_1]
+    assert index_hash_many(strings).tolist() == keys
+    assert index_hashes(strings).tolist() == keys
+    assert [index_abs(c) for c in codes] == keys
+    unsigned = np.array([c & 0xFFFFFFFF for c in codes], np.uint64)
+    assert index_abs_many(unsigned).tolist() == keys
+    assert index_abs_many(unsigned.astype(np.int64) - 2**32 * (unsigned >= 2**31)).tolist() == keys
+    # Byte spans of a mapped buffer (UTF-8 on disk, hashed as UTF-16: H4, H6), padded so
+    # the vectorised path takes every ASCII span.
+    raw = [x.encode() for x in strings]
+    buf = np.frombuffer(b"".join(raw) + bytes(256), np.uint8)
+    pos = np.cumsum([0] + [len(r) for r in raw[:-1]])
+    h, units = span_hash(buf, pos, np.array([len(r) for r in raw]))
+    assert h.tolist() == [c & 0xFFFFFFFF for c in codes]
+    assert units.tolist() == [len(x.encode("utf-16-be", "surrogatepass")) // 2 for x in strings]
+    for (text, split, code, key, _slot) in SPEC_12_1:
+        if split is None:
+            continue
+        topic, token = split
+        assert token_hash(prefix_hash(topic), topic, token) == key, text
+        ascii_only = token.isascii()
+        vec = token_hashes(prefix_hash(topic), [token])
+        assert (vec.tolist() == [key]) if ascii_only else vec is None, text
+        batch = _token_hashes(topic, [token])
+        assert (batch.tolist() == [key]) if ascii_only else batch is None, text
+        tb, kb = topic.encode(), token.encode()
+        u8 = np.frombuffer(tb + kb + bytes(256), np.uint8)
+        th, _ = span_hash(u8, np.array([0]), np.array([len(tb)]))
+        kh, ku = span_hash(u8, np.array([len(tb)]), np.array([len(kb)]))
+        assert index_hash_from(th, kh, ku).tolist() == [key], text

@@ -1,15 +1,20 @@
-"""The inline single-record dispatch writes what the general one does."""
+"""The single put's dispatch: its inline form (the usual record, handled in
+``Dispatcher.dispatch_record``) and its general form (``_dispatch_record``) each write
+the ConsumeQueues and IndexFiles RocketMQ 4.9.8 wrote (fixtures), not merely each
+other's bytes."""
 import random
 
-from rmqstore.format.message import Message
-from rmqstore.format.hashing import index_hash
-from rmqstore.files.config import StoreConfig
-from rmqstore.format.hashing import prefix_hash, token_hash
-from rmqstore.engine.store import MessageStore
+import pytest
+
+from conftest import ROCKETMQ_498, manifest, scenario_params
+from rmqstore.engine.dispatch import Dispatcher
+from rmqstore.format.hashing import index_hash, prefix_hash, token_hash
+from test_append_fixtures import _files, parsed_message, replay
 
 
 def test_ascii_token_hash_equals_java():
-    """The two base-31 parses of an ASCII token, against the spec's hash of the whole key."""
+    """The two base-31 parses of an ASCII token, against the spec's hash of the whole key
+    (pinned to spec §12.1 in test_codec)."""
     rnd = random.Random(7)
     for _ in range(2000):
         topic = "".join(chr(rnd.randrange(32, 0x3000)) for _ in range(rnd.randrange(1, 20)))
@@ -17,24 +22,24 @@ def test_ascii_token_hash_equals_java():
         assert token_hash(prefix_hash(topic), topic, t) == index_hash(f"{topic}#{t}")
 
 
-def _store_bytes(root, fast):
-    st = MessageStore.open(root, StoreConfig(mapped_file_size_commit_log=1 << 20), create=True)
-    if not fast:
-        st._record = st.dispatcher._dispatch_record
-    props = [{"KEYS": "a b  c"}, {"UNIQ_KEY": "", "KEYS": ""}, {"UNIQ_KEY": "u1", "KEYS": "k"},
-             {"KEYS": "é ü"}, {"TAGS": "t", "KEYS": "x" * 300}, {}, {"TAGS": "", "KEYS": "z"}]
-    for i in range(70):
-        st.put(Message(topic=f"T{i % 2}", body=b"b", queue_id=i % 3, properties=dict(props[i % 7]),
-                       born_timestamp=1, store_timestamp=1000 + i))
-    st.close()
-    # Index file names are wall-clock times: compare them by position.
-    return {(p.parent.relative_to(root), i if p.parent.name == "index" else p.name): p.read_bytes()
-            for i, p in enumerate(sorted(root.rglob("*"))) if p.is_file() and "checkpoint" not in p.name}
+# basic: single and several space-separated KEYS, UNIQ_KEYs; unicode: non-ASCII keys and
+# tags; special: transactions, SCHEDULE_TOPIC, KEYS of only spaces (fixtures/README). The
+# inline form is held to the same files by test_append_fixtures'
+# test_parsed_properties_and_waiting_keys_reproduce_rocketmq (the same replay).
+@pytest.mark.parametrize("scenario", scenario_params(["basic", "unicode", "special"]))
+def test_general_dispatch_form_reproduces_rocketmq(scenario, tmp_path, monkeypatch):
+    general_form = Dispatcher._dispatch_record
+    general = []
 
+    def counted_general(self, *args, **kwargs):
+        general.append(1)
+        return general_form(self, *args, **kwargs)
 
-def test_fast_record_same_bytes(tmp_path):
-    a = _store_bytes(tmp_path / "a", True)
-    b = _store_bytes(tmp_path / "b", False)
-    assert a.keys() == b.keys()
-    for k in a:
-        assert a[k] == b[k], k
+    # Every single put's record goes to the general form, none handled inline.
+    monkeypatch.setattr(Dispatcher, "dispatch_record", counted_general)
+    root = tmp_path / "store"
+    replay(scenario, root, make=parsed_message)  # dict properties: the fast single put
+    assert general
+    ref = ROCKETMQ_498 / scenario
+    assert _files(root, "consumequeue") == _files(ref, "consumequeue")
+    assert list(_files(root, "index").values()) == list(_files(ref, "index").values())

@@ -1,5 +1,6 @@
-"""The output layer in-process (cli/output.py, cli/table.py, cli/terminal.py): escaping,
-widths, one JSON document, streaming with bounded memory, csv that round-trips.
+"""The output layer in-process (cli/output.py and the formats, cells, streams, table and
+terminal modules it uses): escaping, widths, one JSON document, streaming with bounded
+memory, csv that round-trips.
 
 Golden values are written out here from the definitions (Python's escape notation, RFC
 8259 JSON, the csv module), never taken from the code under test.
@@ -18,7 +19,8 @@ import pytest
 
 from cli import table as T
 from cli import terminal
-from cli.output import Format, Output
+from cli.formats import Format
+from cli.output import Output
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
