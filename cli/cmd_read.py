@@ -423,6 +423,9 @@ def stats(
                 "messages": cl["messages"], "bytes": cl["bytes"], "segments": cl["segments"],
                 "segmentSize": cl["segmentSize"], "endReason": cl["endReason"],
                 "abortFile": s["abortFile"]}, title="CommitLog", items=False)
+    k = s["storeKind"]
+    out.record({"log": k["log"], "family": k["family"], "features": " ".join(k["features"]) or "-"},
+               title="Store kind", items=False)
     out.rows(s["queues"], QUEUE_COLUMNS, title="Queues", times=("firstStoreTime", "lastStoreTime"))
     if s["indexFiles"]:
         out.rows(s["indexFiles"], INDEX_COLUMNS, title="IndexFiles", items=False,

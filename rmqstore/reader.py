@@ -45,10 +45,10 @@ class PathKind:
 def _inside_dledger(p: Path) -> Path | None:
     """The ``dledger-*`` directory ``p`` is or lies in (up to two levels down): DLedger's
     data, index and checkpoint files."""
-    from .files.storekind import DLEDGER_DIR, dledger_dirs
+    from .files.dledger_files import LEDGER_DIR, find_ledger_dirs
 
     for d in (p, p.parent, p.parent.parent):
-        if DLEDGER_DIR.match(d.name) and d.parent != d and d in dledger_dirs(d.parent):
+        if LEDGER_DIR.match(d.name) and d.parent != d and d in find_ledger_dirs(d.parent):
             return d
     return None
 
@@ -58,7 +58,7 @@ def classify(path: str | os.PathLike) -> PathKind:
 
     A path inside a DLedger CommitLog (``dledger-*/``) raises
     :class:`~rmqstore.errors.UnsupportedStoreError`: its files are not CommitLog segments."""
-    from .files.storekind import dledger_dirs
+    from .files.dledger_files import find_ledger_dirs
 
     p = Path(path)
     if not p.exists():
@@ -68,7 +68,7 @@ def classify(path: str | os.PathLike) -> PathKind:
         raise UnsupportedStoreError(f"part of a DLedger CommitLog ({d.name}/), which rmqstore "
                                     "cannot read yet; nothing was read", p)
     if p.is_dir():
-        if any((p / m).exists() for m in STORE_MARKERS) or dledger_dirs(p):
+        if any((p / m).exists() for m in STORE_MARKERS) or find_ledger_dirs(p):
             return PathKind("store", p, p)
         if p.parent.parent.name == "consumequeue" and p.name.lstrip("-").isdigit():
             return PathKind("consumequeue-dir", p, p.parent.parent.parent,

@@ -111,12 +111,52 @@ def _stats_task(split):
         return sc.boundary, queue_stats(sc.records)
 
 
+_CRC_TAIL = len(b"__CRC32#\x01") + 10 + 1  # the __CRC32# entry 5.x appends last (design-14 §6)
+_CRC_KEY = np.frombuffer(b"__CRC32#\x01", dtype=np.uint8)
+
+
+def kind_counts(records: RecordColumns) -> dict[str, int]:
+    """Counts of the record-level store-kind evidence (design-14 §8) in a run of records:
+    magic v2, a trailing ``__CRC32#`` entry, inner batches (sysFlag 0x40|0x80)."""
+    from .format import layout as L
+
+    n = len(records)
+    out = {"records": n, "v2": 0, "propCrc": 0, "innerBatch": 0}
+    if n == 0:
+        return out
+    out["v2"] = int((records.magic == L.MAGIC_V2).sum())
+    inner = L.SYSFLAG_NEED_UNWRAP | L.SYSFLAG_INNER_BATCH
+    out["innerBatch"] = int(((records.sys_flag & inner) == inner).sum())
+    tail = records.pos + records.size - _CRC_TAIL
+    fits = (records.size >= _CRC_TAIL) & (tail >= 0)
+    if fits.any():
+        at = tail[fits][:, None] + np.arange(len(_CRC_KEY))
+        out["propCrc"] = int((records.u8[at] == _CRC_KEY).all(axis=1).sum())
+    return out
+
+
+def _merge_counts(parts) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for part in parts:
+        for k, v in part.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def _stats_kind_task(split):
+    from .scan.splits import open_split
+
+    with open_split(split) as sc:
+        return sc.boundary, (queue_stats(sc.records), kind_counts(sc.records))
+
+
 def commitlog_stats(store: str, *, split_size: int | None = None, processes: int | None = None,
-                    conf=None, config=None):
+                    conf=None, config=None, kind: bool = False):
     """(per-queue stats, where valid data ends) for one store, without Spark: the same
     splits and merge the Spark job uses. ``processes`` defaults to every core for stores
     large enough to gain from it. ``config`` (a StoreConfig) is used as it is, else one
-    is loaded from ``conf`` and the files."""
+    is loaded from ``conf`` and the files. ``kind=True`` adds a third item, the
+    :func:`kind_counts` of every record."""
     from .scan.splits import DEFAULT_SPLIT_SIZE, list_store, plan_splits, run_local
 
     files = list_store(store, conf=conf, config=config)
@@ -124,8 +164,12 @@ def commitlog_stats(store: str, *, split_size: int | None = None, processes: int
     if processes is None:
         total = sum(s.end - s.begin for s in splits)
         processes = (os.cpu_count() or 1) if total >= PARALLEL_MIN_BYTES else 1
-    st, payloads = run_local(splits, _stats_task, processes)
-    return merge_stats(payloads.values()), st.ends[store]
+    if not kind:
+        st, payloads = run_local(splits, _stats_task, processes)
+        return merge_stats(payloads.values()), st.ends[store]
+    st, payloads = run_local(splits, _stats_kind_task, processes)
+    return (merge_stats(q for q, _ in payloads.values()), st.ends[store],
+            _merge_counts(c for _, c in payloads.values()))
 
 
 def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
@@ -133,16 +177,22 @@ def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
     from the reader's configuration (``conf`` is not read again: the reader's has it)."""
     from .files.checkpoint import abort_exists, read_checkpoint
 
+    from .files.storekind import profile
+
     cl = reader.commitlog
     root = str(reader.root)
+    kind = profile(reader.root, reader.config.commit_log_dirs)
     # The reader's configuration: the CommitLog directories it reads and their geometry
     # (a storePathCommitLog elsewhere than STORE/commitlog, spec §1.1).
-    queues, end = commitlog_stats(root, processes=processes, config=reader.config) \
-        if cl.segments else ([], None)
+    queues, end, counts = commitlog_stats(root, processes=processes, config=reader.config,
+                                          kind=True) if cl.segments else ([], None, {})
     commit_log = {"minOffset": cl.min_offset,
                   "maxOffset": end.end_offset if end else cl.min_offset,
+                  "endReason": (end.reason or "clean") if end else "no segments"}
+    kind.add_records(counts)
+    commit_log = {"minOffset": commit_log["minOffset"], "maxOffset": commit_log["maxOffset"],
                   "messages": sum(q.count for q in queues), "bytes": sum(q.bytes for q in queues),
-                  "endReason": (end.reason or "clean") if end else "no segments",
+                  "endReason": commit_log["endReason"],
                   "segments": len(cl.segments),
                   "segmentSize": reader.config.mapped_file_size_commit_log,
                   "problems": [p.__dict__ for p in cl.queue.problems]}
@@ -174,7 +224,7 @@ def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
     checkpoint = None
     if reader.config.checkpoint_path.exists():
         checkpoint = read_checkpoint(reader.config.checkpoint_path).__dict__
-    return {"store": root, "commitLog": commit_log, "queues": rows,
+    return {"store": root, "storeKind": kind.as_dict(), "commitLog": commit_log, "queues": rows,
             "indexFiles": index_files, "checkpoint": checkpoint,
             "abortFile": abort_exists(reader.root),
             "geometry": {k: getattr(reader.config, k) for k in
