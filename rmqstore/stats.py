@@ -172,6 +172,52 @@ def commitlog_stats(store: str, *, split_size: int | None = None, processes: int
             _merge_counts(c for _, c in payloads.values()))
 
 
+def dledger_stats(log) -> tuple[list[QueueStats], dict[str, int], list[dict]]:
+    """(per-queue stats, :func:`kind_counts`, records skipped) of a DLedger CommitLog: the
+    records inside the entries DLedger's recovery keeps (design-14 §1.5), walked entry
+    run by entry run. A record that is not a valid CommitLog record is skipped and listed
+    (RocketMQ's reput would skip the rest of its data file, design-14 §1.6)."""
+    from .scan.records import columns, consistent
+
+    parts, counts, skipped = [], [], []
+    for run in log.runs():
+        if not len(run):
+            continue
+        good = run.record_ok()
+        for lo in range(0, len(run), 1 << 16):
+            keep = np.arange(lo, min(lo + (1 << 16), len(run)))
+            cols = columns(run.u8, run.record_pos[keep], run.start)
+            ok = good[keep] & consistent(cols)
+            if not ok.all():
+                skipped += [{"file": str(run.path), "offset": int(o)}
+                            for o in cols.offset[~ok].tolist()]
+                cols = cols.take(np.flatnonzero(ok))
+            parts.append(queue_stats(cols))
+            counts.append(kind_counts(cols))
+    return merge_stats(parts), _merge_counts(counts), skipped
+
+
+def _dledger_block(end, log) -> dict:
+    """What ``stats`` says about a DLedger log (design-14 §1.4, §1.5, T9)."""
+    from .format.dledger_layout import DLEDGER_INDEX_UNIT_SIZE
+
+    return {"folder": log.ledger_dir.name, "entries": end.entries,
+            "ledgerBeginIndex": end.begin_index, "ledgerEndIndex": end.end_index,
+            "ledgerEndTerm": end.end_term,
+            "committedIndex": end.committed_index, "committedPos": end.committed_pos,
+            "checkpointCommittedIndex": end.checkpoint_index,
+            # DLedgerCommitLog#getMaxOffset after a restart: served and dispatched up to here
+            "servedUpTo": end.max_offset,
+            "endOffset": end.offset, "endReason": end.reason, "tailClean": end.tail_clean,
+            "recoveryStart": end.recovery_start,
+            "indexRewriteFrom": end.index_rewrite_from,
+            "dataFileSize": log.file_size, "indexFileSize": log.files.index_file_size,
+            # the index as DLedger's recovery leaves it: one unit per entry kept
+            "indexBytes": (end.end_index + 1) * DLEDGER_INDEX_UNIT_SIZE if end.end_index >= 0 else 0,
+            "term": log.currterm.term,
+            "problems": [str(p.detail) for p in log.files.problems] + list(end.refuses_start)}
+
+
 def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
     """Everything ``rmqstore stats`` reports for a :class:`~rmqstore.reader.StoreReader`,
     from the reader's configuration (``conf`` is not read again: the reader's has it)."""
@@ -182,13 +228,24 @@ def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
     cl = reader.commitlog
     root = str(reader.root)
     kind = profile(reader.root, reader.config.commit_log_dirs)
-    # The reader's configuration: the CommitLog directories it reads and their geometry
-    # (a storePathCommitLog elsewhere than STORE/commitlog, spec §1.1).
-    queues, end, counts = commitlog_stats(root, processes=processes, config=reader.config,
-                                          kind=True) if cl.segments else ([], None, {})
-    commit_log = {"minOffset": cl.min_offset,
-                  "maxOffset": end.end_offset if end else cl.min_offset,
-                  "endReason": (end.reason or "clean") if end else "no segments"}
+    dledger = None
+    if getattr(cl, "framing", "plain") == "dledger":
+        queues, counts, skipped = dledger_stats(cl.log)
+        end = cl.end()
+        dledger = dict(_dledger_block(end, cl.log), recordsSkipped=skipped)
+        commit_log = {"minOffset": cl.min_offset, "maxOffset": end.offset,
+                      # the plain scan's words for a clean end (zeros, a final blank)
+                      "endReason": {"size-zero": "zeros", "blank-in-last-file": "blank",
+                                    "no-data-files": "no segments"}.get(end.reason, end.reason)
+                      if end.clean else end.reason}
+    else:
+        # The reader's configuration: the CommitLog directories it reads and their geometry
+        # (a storePathCommitLog elsewhere than STORE/commitlog, spec §1.1).
+        queues, end, counts = commitlog_stats(root, processes=processes, config=reader.config,
+                                              kind=True) if cl.segments else ([], None, {})
+        commit_log = {"minOffset": cl.min_offset,
+                      "maxOffset": end.end_offset if end else cl.min_offset,
+                      "endReason": (end.reason or "clean") if end else "no segments"}
     kind.add_records(counts)
     commit_log = {"minOffset": commit_log["minOffset"], "maxOffset": commit_log["maxOffset"],
                   "messages": sum(q.count for q in queues), "bytes": sum(q.bytes for q in queues),
@@ -224,7 +281,10 @@ def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
     checkpoint = None
     if reader.config.checkpoint_path.exists():
         checkpoint = read_checkpoint(reader.config.checkpoint_path).__dict__
-    return {"store": root, "storeKind": kind.as_dict(), "commitLog": commit_log, "queues": rows,
+    out = {"store": root, "storeKind": kind.as_dict(), "commitLog": commit_log}
+    if dledger is not None:
+        out["dledger"] = dledger
+    return out | {"queues": rows,
             "indexFiles": index_files, "checkpoint": checkpoint,
             "abortFile": abort_exists(reader.root),
             "geometry": {k: getattr(reader.config, k) for k in

@@ -3,10 +3,11 @@
 A store that uses one of them must never be reported as empty or healthy (issue 11). Each
 :class:`Feature` says how far rmqstore goes with it:
 
-* ``unsupported``: every command refuses the store (exit 2), naming the feature. A DLedger
-  CommitLog, for one, has no ``commitlog/`` at all, so a plain reader would see 0 messages.
-* ``partial``: reads work and warn about what they do not cover; the writing commands in
-  ``refuses`` refuse, because they would leave the feature's files inconsistent.
+* ``unsupported``: every command refuses the store (exit 2), naming the feature.
+* ``partial``: reads work and warn about what they do not cover (or, when they cover it
+  all, note it); the commands in ``refuses`` refuse, because they would leave the feature's
+  files inconsistent or would not check it. A DLedger CommitLog, for one, is read through
+  :class:`~rmqstore.files.dledger.DLedgerCommitLog`; verify and the writers refuse it.
 * ``supported``: nothing to say (issue 14 moves features here as it implements them).
 
 Evidence comes from the files (spec §1.1) and from broker.conf keys (spec §1.2).
@@ -38,10 +39,14 @@ class Feature:
     status: str
     refuses: tuple[str, ...] = ()  # for partial features
     missed: str = ""  # what reads do not cover, for the warning
+    reads_complete: bool = False  # reads cover it fully: a note, not a warning
 
 
 FEATURES = {f.key: f for f in (
-    Feature("dledger", "a DLedger CommitLog", UNSUPPORTED),
+    # Reads (dump, get, query-key, stats) are supported (design-14 WP C); verify and the
+    # writing commands wait for their work packages (D1, G, D2) and refuse meanwhile.
+    Feature("dledger", "a DLedger CommitLog", PARTIAL,
+            ("verify",) + WRITES, reads_complete=True),
     Feature("rocksdb-cq", "a RocksDB consume queue", UNSUPPORTED),
     Feature("store-plugin", "a message store plug-in (tiered storage)", UNSUPPORTED),
     Feature("batch-cq", "BatchConsumeQueue topics", PARTIAL,
@@ -75,6 +80,9 @@ class Detected:
         if f.status == UNSUPPORTED:
             return (f"the store uses {f.what} ({self.evidence}), which rmqstore cannot read or "
                     "change yet; nothing was read")
+        if f.reads_complete:
+            return (f"the store uses {f.what} ({self.evidence}): reads are supported; "
+                    f"{_join(f.refuses)} refuse (not supported yet)")
         return (f"the store uses {f.what} ({self.evidence}), which rmqstore does not understand "
                 f"yet: {f.missed}; {_join(f.refuses)} " + ("refuses" if len(f.refuses) == 1 else "refuse"))
 
@@ -226,18 +234,30 @@ def refuse_unsupported(found: list[Detected], root) -> None:
             raise UnsupportedStoreError(d.message, root)
 
 
+def refuse_operation(cfg, operation: str) -> None:
+    """Refuse ``operation`` (``verify`` or one of :data:`WRITES`) when a feature of the store
+    at ``cfg`` is unsupported or refuses it: one line naming the feature, nothing changed."""
+    root = cfg.root
+    for d in cfg.features:
+        f = d.feature
+        if f.status == UNSUPPORTED or (f.status == PARTIAL and operation in f.refuses):
+            if f.reads_complete:
+                raise UnsupportedStoreError(
+                    f"{operation} refused: the store uses {f.what} ({d.evidence}); rmqstore "
+                    f"reads it (dump, get, query-key, stats), {operation} is not supported "
+                    "on it yet (nothing was changed)", root)
+            raise UnsupportedStoreError(
+                f"{operation} refused: the store uses {f.what} ({d.evidence}), which "
+                f"rmqstore cannot keep consistent yet (nothing was changed)", root)
+
+
 def require_writable(cfg, operation: str) -> None:
     """Refuse ``operation`` (one of :data:`WRITES`) on the store ``cfg`` describes when a
     feature would be left inconsistent, when the CommitLog may be incomplete, or when
     geometry it needs is a guess rather than what the files say."""
     assert operation in WRITES, operation
     root = cfg.root
-    for d in cfg.features:
-        if d.feature.status == UNSUPPORTED or (d.feature.status == PARTIAL
-                                               and operation in d.feature.refuses):
-            raise UnsupportedStoreError(
-                f"{operation} refused: the store uses {d.feature.what} ({d.evidence}), which "
-                f"rmqstore cannot keep consistent yet (nothing was changed)", root)
+    refuse_operation(cfg, operation)
     for why in cfg.write_blockers:
         raise ConfigError(f"{operation} refused: {why} (nothing was changed)", root)
     needs = {"repair": GEOMETRY_ALL, "append": GEOMETRY_ALL,
@@ -471,5 +491,5 @@ def profile_segment(path: str | os.PathLike) -> StoreProfile:
 
 
 __all__ = ["FEATURES", "Feature", "Detected", "detect", "detect_in_records", "refuse_unsupported",
-           "require_writable", "StoreProfile", "profile", "UNSUPPORTED",
+           "refuse_operation", "require_writable", "StoreProfile", "profile", "UNSUPPORTED",
            "PARTIAL", "SUPPORTED", "WRITES", "profile_segment", "RECORD_FEATURES"]
