@@ -111,8 +111,9 @@ def _stats_task(split):
         return sc.boundary, queue_stats(sc.records)
 
 
-_CRC_TAIL = len(b"__CRC32#\x01") + 10 + 1  # the __CRC32# entry 5.x appends last (design-14 §6)
-_CRC_KEY = np.frombuffer(b"__CRC32#\x01", dtype=np.uint8)
+_CRC_KEY = b"__CRC32#"
+_CRC_TAIL = len(_CRC_KEY) + 1 + 10 + 1  # key 0x01 ten-digits 0x02, appended last (design-14 §6)
+_CRC_KEY_INT = int.from_bytes(_CRC_KEY, "big")
 
 
 def kind_counts(records: RecordColumns) -> dict[str, int]:
@@ -127,11 +128,13 @@ def kind_counts(records: RecordColumns) -> dict[str, int]:
     out["v2"] = int((records.magic == L.MAGIC_V2).sum())
     inner = L.SYSFLAG_NEED_UNWRAP | L.SYSFLAG_INNER_BATCH
     out["innerBatch"] = int(((records.sys_flag & inner) == inner).sum())
-    tail = records.pos + records.size - _CRC_TAIL
-    fits = (records.size >= _CRC_TAIL) & (tail >= 0)
-    if fits.any():
-        at = tail[fits][:, None] + np.arange(len(_CRC_KEY))
-        out["propCrc"] = int((records.u8[at] == _CRC_KEY).all(axis=1).sum())
+    tail = (records.pos + records.size - _CRC_TAIL)[records.size >= _CRC_TAIL]
+    u8 = records.u8
+    tail = tail[(tail >= 0) & (tail + len(_CRC_KEY) <= len(u8))]
+    if len(tail):  # one 8-byte compare per record: the key is exactly 8 bytes
+        words = np.ndarray(shape=(len(u8) - len(_CRC_KEY) + 1,), dtype=">u8", buffer=u8,
+                           offset=0, strides=(1,))
+        out["propCrc"] = int((words[tail] == _CRC_KEY_INT).sum())
     return out
 
 

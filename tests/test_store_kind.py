@@ -114,3 +114,17 @@ def test_ledger_folders_are_found_in_one_place(tmp_path):
     assert storekind.profile(store).log == "dledger"
     shutil.rmtree(store / "dledger-n1")
     assert storekind.profile(store).log == "plain"
+
+
+@pytest.mark.parametrize("name, want", [
+    # design-14 §8 (detect.py over every record): v2 records, __CRC32# tails, inner batches
+    ("rocketmq-5.3.3/long-topics", {"records": 18, "v2": 8, "propCrc": 0, "innerBatch": 0}),
+    ("rocketmq-5.3.3/prop-crc", {"records": 27, "v2": 1, "propCrc": 27, "innerBatch": 0}),
+    ("rocketmq-5.3.3/batch-cq", {"records": 39, "v2": 0, "propCrc": 0, "innerBatch": 21}),
+    ("rocketmq-4.9.8/basic", {"records": 500, "v2": 0, "propCrc": 0, "innerBatch": 0}),
+])
+def test_record_evidence_is_counted_over_every_record(name, want):
+    from rmqstore import stats
+
+    _, _, counts = stats.commitlog_stats(str(folder(name)), kind=True)
+    assert counts == want
