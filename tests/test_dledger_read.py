@@ -9,8 +9,6 @@ changes a byte."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import struct
 
 import pytest

@@ -19,7 +19,7 @@ from cli.main import app
 from conftest import FIXTURES, copy_store, tree_hashes
 from rmqstore.format.message import Message
 from rmqstore.files.config import StoreConfig, load_config
-from rmqstore.errors import ConfigError, UnsupportedStoreError
+from rmqstore.errors import ConfigError
 from rmqstore.files.index import IndexFile, IndexGeometry
 from rmqstore.engine.store import MessageStore
 
