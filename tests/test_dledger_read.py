@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from conftest import FIXTURES, copy_store, tree_hashes
-from rmqstore.files.index import IndexReader
+from rmqstore.files.index_query import IndexReader
 from rmqstore.format.message import parse_properties, split_keys
 from rmqstore.reader import open_store
 from rmqstore.view import message_dict
