@@ -92,6 +92,10 @@ def _scan_warning(out: Output, path, scan) -> bool:
     if scan.stop is not None and scan.stop.damaged:
         parts.append(f"dump stopped early at {scan.stop.describe()}; nothing after it was "
                      f"read (rmqstore verify says more)")
+    for d in getattr(scan, "damage", ())[:3]:  # damage the scan passed over (DLedger)
+        parts.append(f"skipped {d.describe()}")
+    if len(getattr(scan, "damage", ())) > 3:
+        parts.append(f"and {len(scan.damage) - 3} more damaged record(s) skipped")
     if scan.bad_crc:
         parts.append(f"{scan.bad_crc} message(s) printed with crcOk false (body does not "
                      "match its CRC)")
@@ -424,6 +428,12 @@ def stats(
                 "messages": cl["messages"], "bytes": cl["bytes"], "segments": cl["segments"],
                 "segmentSize": cl["segmentSize"], "endReason": cl["endReason"],
                 "abortFile": s["abortFile"]}, title="CommitLog", items=False)
+    k = s["storeKind"]
+    out.record({"log": k["log"], "family": k["family"], "features": " ".join(k["features"]) or "-"},
+               title="Store kind", items=False)
+    if "dledger" in s:
+        out.record({n: v for n, v in s["dledger"].items() if n not in ("problems", "recordsSkipped")},
+                   title="DLedger", items=False)
     out.rows(s["queues"], QUEUE_COLUMNS, title="Queues", times=("firstStoreTime", "lastStoreTime"))
     if s["indexFiles"]:
         out.rows(s["indexFiles"], INDEX_COLUMNS, title="IndexFiles", items=False,

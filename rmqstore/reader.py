@@ -45,10 +45,10 @@ class PathKind:
 def _inside_dledger(p: Path) -> Path | None:
     """The ``dledger-*`` directory ``p`` is or lies in (up to two levels down): DLedger's
     data, index and checkpoint files."""
-    from .files.storekind import DLEDGER_DIR, dledger_dirs
+    from .files.dledger_files import LEDGER_DIR, find_ledger_dirs
 
     for d in (p, p.parent, p.parent.parent):
-        if DLEDGER_DIR.match(d.name) and d.parent != d and d in dledger_dirs(d.parent):
+        if LEDGER_DIR.match(d.name) and d.parent != d and d in find_ledger_dirs(d.parent):
             return d
     return None
 
@@ -57,18 +57,20 @@ def classify(path: str | os.PathLike) -> PathKind:
     """Recognise a store root or a store file from where it sits (see ``rmqstore dump``).
 
     A path inside a DLedger CommitLog (``dledger-*/``) raises
-    :class:`~rmqstore.errors.UnsupportedStoreError`: its files are not CommitLog segments."""
-    from .files.storekind import dledger_dirs
+    :class:`~rmqstore.errors.UnsupportedStoreError` naming the store root to read instead:
+    its files are entries, read through the store (design-14 §1)."""
+    from .files.dledger_files import find_ledger_dirs
 
     p = Path(path)
     if not p.exists():
         raise NotAStoreError("no such file or directory", p)
     d = _inside_dledger(p)
     if d is not None:
-        raise UnsupportedStoreError(f"part of a DLedger CommitLog ({d.name}/), which rmqstore "
-                                    "cannot read yet; nothing was read", p)
+        raise UnsupportedStoreError(f"part of a DLedger CommitLog ({d.name}/): its files are "
+                                    f"read through the store root, give {d.parent} instead; "
+                                    "nothing was read", p)
     if p.is_dir():
-        if any((p / m).exists() for m in STORE_MARKERS) or dledger_dirs(p):
+        if any((p / m).exists() for m in STORE_MARKERS) or find_ledger_dirs(p):
             return PathKind("store", p, p)
         if p.parent.parent.name == "consumequeue" and p.name.lstrip("-").isdigit():
             return PathKind("consumequeue-dir", p, p.parent.parent.parent,
@@ -97,7 +99,17 @@ class StoreReader:
     def __init__(self, config: StoreConfig, commitlog: CommitLog | None = None):
         self.config = config
         self.root = config.root
-        self.commitlog = commitlog or CommitLog(config)
+        self.commitlog = commitlog or _commitlog(config)
+
+    @property
+    def dledger(self):
+        """The :class:`~rmqstore.files.dledger.DLedgerLog` of a DLedger store, else None."""
+        return getattr(self.commitlog, "log", None) if self.framing == "dledger" else None
+
+    @property
+    def framing(self) -> str:
+        """``plain`` (records back to back) or ``dledger`` (each record in an entry)."""
+        return getattr(self.commitlog, "framing", "plain")
 
     def close(self) -> None:
         self.commitlog.close()
@@ -236,7 +248,39 @@ class StoreReader:
         """Messages as a live store gains them, read-only (see :func:`rmqstore.follow.follow`)."""
         from .follow import follow
 
+        if self.framing == "dledger":  # it polls record chains; entries are WP D1's
+            raise UnsupportedStoreError(f"the store uses a DLedger CommitLog ({self.dledger.ledger_dir.name}/): "
+                                        "following it as it grows is not supported yet; dump "
+                                        "without --follow reads it; nothing was read", self.root)
         return follow(self, filter, **options)
+
+
+def _commitlog(config: StoreConfig):
+    """The store's CommitLog: its segments, or in DLedger mode the entries of its
+    ``dledger-<selfId>/data`` files (design-14 §1; the store kind comes from the files)."""
+    from .files.dledger_files import find_ledger_dirs
+
+    ledgers = find_ledger_dirs(config.root)
+    said = next((d for d in config.features if d.feature.key == "dledger"), None)
+    if not ledgers:
+        if said is not None:
+            raise ConfigError(f"{said.evidence} says the CommitLog is a DLedger CommitLog, but the "
+                              "store has no dledger-<selfId>/ folder; the files are the truth: "
+                              "drop the setting or give the DLedger store's root", config.root)
+        return CommitLog(config)
+    from .files.listing import entries
+
+    if any(SEGMENT_NAME.match(e.name) for d in config.commit_log_dirs if d.is_dir()
+           for e in entries(d)):
+        raise UnsupportedStoreError(
+            f"the store has both commitlog/ segments and a DLedger CommitLog ({ledgers[0].name}/): "
+            "a broker switched to DLedger on an old store; reading both as one log is not "
+            "supported yet; nothing was read", config.root)
+    from .files.dledger import DLedgerCommitLog, open_ledger
+
+    # The files decided mappedFileSizeCommitLog (load_config): the data files' size.
+    return DLedgerCommitLog(open_ledger(config.root,
+                                        data_file_size=config.mapped_file_size_commit_log))
 
 
 class KeyQueryResult(list):

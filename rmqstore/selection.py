@@ -30,7 +30,14 @@ DAMAGE = {"bad magic": "garbage where a record should start",
           "bad size": "a record header whose size does not fit",
           "short": "a few stray bytes where a record should start",
           "half record": "a torn record (its lengths do not add up)",
-          "missing segment": "the next CommitLog segment file is missing"}
+          "missing segment": "the next CommitLog segment file is missing",
+          # DLedger CommitLogs (design-14 §1.5): where its recovery would cut, and why
+          "dledger entry": "a DLedger entry that DLedger's recovery cuts here (the entry chain breaks)",
+          "dledger tail": "non-zero bytes after the end of the DLedger entry chain",
+          "dledger record": "a DLedger entry whose record is not a valid CommitLog record",
+          "dledger file": "a break in the entry chain of an older data file; the rest of that file was skipped"}
+#: Records of a DLedger entry run gathered into columns at a time (memory stays bounded).
+DLEDGER_CHUNK = 1 << 16
 
 
 def _many(value, kind=str) -> tuple | None:
@@ -167,6 +174,7 @@ class ScanStop:
     offset: int  # the CommitLog offset it stopped at
     reason: str  # zeros | blank | end | limit | max-bytes | to-offset | one of DAMAGE
     path: str | None = None  # the segment file it stopped in
+    detail: str = ""  # the values read, when the reason alone does not say enough
 
     @property
     def damaged(self) -> bool:
@@ -174,7 +182,8 @@ class ScanStop:
 
     def describe(self) -> str:
         where = f"{self.path} @ offset {self.offset}" if self.path else f"offset {self.offset}"
-        return f"{where}: {DAMAGE.get(self.reason, self.reason)}"
+        return f"{where}: {DAMAGE.get(self.reason, self.reason)}" + (
+            f" ({self.detail})" if self.detail else "")
 
 
 class MessageScan:
@@ -189,10 +198,16 @@ class MessageScan:
         self.stop: ScanStop | None = None
         self.given = 0
         self.bad_crc = 0
+        #: Damage passed over without stopping (DLedger: entry framing gives the next
+        #: record's place, so a bad record or a broken older file does not end the scan).
+        self.damage: list[ScanStop] = []
 
     def chunks(self) -> Iterator[tuple[object, np.ndarray]]:
         """(columns, indices) per window of a segment for the records that pass, at most
         ``limit`` in all."""
+        if getattr(self.commitlog, "framing", "plain") == "dledger":
+            yield from self._dledger_chunks()
+            return
         f = self.filter
         segs = self.commitlog.segments
         if not segs:
@@ -245,6 +260,69 @@ class MessageScan:
             self.stop = ScanStop(last.end, "end", str(last.path))
         else:
             self.stop = ScanStop(scan.end, scan.stop, str(last.path))
+
+    def _dledger_chunks(self) -> Iterator[tuple[object, np.ndarray]]:
+        """:meth:`chunks` over a DLedger CommitLog: the records inside the entries DLedger's
+        recovery keeps, in entry order, with the same filters and stops (design-14 §1).
+        Offsets are record offsets (entry pos + 48), as in the ConsumeQueue."""
+        from .files.dledger import CLEAN_ENDS
+        from .scan.records import columns, consistent
+
+        f = self.filter
+        log = self.commitlog.log
+        segs = log.data_files
+        start = f.scan_start(segs[0].start if segs else 0)
+        for run in log.runs():
+            if not len(run):
+                continue
+            path = str(run.path)
+            if f.to_offset is not None and run.start >= f.to_offset:
+                self.stop = ScanStop(run.start, "to-offset", path)
+                return
+            if f.max_bytes is not None and run.start >= start + f.max_bytes:
+                self.stop = ScanStop(run.start, "max-bytes", path)
+                return
+            if f.from_offset is not None and run.start + log.file_size <= f.from_offset:
+                continue
+            good = run.record_ok()
+            for lo in range(0, len(run), DLEDGER_CHUNK):
+                keep = np.arange(lo, min(lo + DLEDGER_CHUNK, len(run)))
+                cols = columns(run.u8, run.record_pos[keep], run.start)
+                ok = good[keep] & consistent(cols)
+                if not ok.all():
+                    for i in np.flatnonzero(~ok).tolist():
+                        self.damage.append(ScanStop(int(cols.offset[i]), "dledger record", path))
+                    cols = cols.take(np.flatnonzero(ok))
+                chosen = f.select(cols, start)
+                if f.limit is not None:
+                    chosen = chosen[:max(f.limit - self.given, 0)]
+                if len(chosen):
+                    self.bad_crc += int((~cols.take(chosen).crc_ok()).sum())
+                    self.given += len(chosen)
+                    yield cols, chosen
+                last = int(run.entry_pos[keep[-1]] + run.size[keep[-1]]) + run.start
+                if f.limit is not None and self.given >= f.limit:
+                    self.stop = ScanStop(int(cols.offset[chosen[-1]]) if len(chosen) else run.start,
+                                         "limit", path)
+                    return
+                if f.to_offset is not None and last >= f.to_offset:
+                    self.stop = ScanStop(f.to_offset, "to-offset", path)
+                    return
+                if f.max_bytes is not None and last > start + f.max_bytes:
+                    self.stop = ScanStop(start + f.max_bytes, "max-bytes", path)
+                    return
+        end = log.walk()
+        for e in end.damage:
+            self.damage.append(ScanStop(e.offset if e.offset is not None else 0, "dledger file",
+                                        e.path, e.message))
+        where = str(end.path) if end.path else None
+        if end.reason not in CLEAN_ENDS:
+            self.stop = ScanStop(end.offset, "dledger entry", where, end.detail)
+        elif not end.tail_clean:
+            self.stop = ScanStop(end.offset, "dledger tail", where)
+        else:
+            self.stop = ScanStop(end.offset, "zeros" if end.reason == "size-zero" else
+                                 "blank" if end.reason == "blank-in-last-file" else "end", where)
 
     def messages(self) -> Iterator[Message]:
         for cols, chosen in self.chunks():

@@ -111,12 +111,55 @@ def _stats_task(split):
         return sc.boundary, queue_stats(sc.records)
 
 
+_CRC_KEY = b"__CRC32#"
+_CRC_TAIL = len(_CRC_KEY) + 1 + 10 + 1  # key 0x01 ten-digits 0x02, appended last (design-14 §6)
+_CRC_KEY_INT = int.from_bytes(_CRC_KEY, "big")
+
+
+def kind_counts(records: RecordColumns) -> dict[str, int]:
+    """Counts of the record-level store-kind evidence (design-14 §8) in a run of records:
+    magic v2, a trailing ``__CRC32#`` entry, inner batches (sysFlag 0x40|0x80)."""
+    from .format import layout as L
+
+    n = len(records)
+    out = {"records": n, "v2": 0, "propCrc": 0, "innerBatch": 0}
+    if n == 0:
+        return out
+    out["v2"] = int((records.magic == L.MAGIC_V2).sum())
+    inner = L.SYSFLAG_NEED_UNWRAP | L.SYSFLAG_INNER_BATCH
+    out["innerBatch"] = int(((records.sys_flag & inner) == inner).sum())
+    tail = (records.pos + records.size - _CRC_TAIL)[records.size >= _CRC_TAIL]
+    u8 = records.u8
+    tail = tail[(tail >= 0) & (tail + len(_CRC_KEY) <= len(u8))]
+    if len(tail):  # one 8-byte compare per record: the key is exactly 8 bytes
+        words = np.ndarray(shape=(len(u8) - len(_CRC_KEY) + 1,), dtype=">u8", buffer=u8,
+                           offset=0, strides=(1,))
+        out["propCrc"] = int((words[tail] == _CRC_KEY_INT).sum())
+    return out
+
+
+def _merge_counts(parts) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for part in parts:
+        for k, v in part.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def _stats_kind_task(split):
+    from .scan.splits import open_split
+
+    with open_split(split) as sc:
+        return sc.boundary, (queue_stats(sc.records), kind_counts(sc.records))
+
+
 def commitlog_stats(store: str, *, split_size: int | None = None, processes: int | None = None,
-                    conf=None, config=None):
+                    conf=None, config=None, kind: bool = False):
     """(per-queue stats, where valid data ends) for one store, without Spark: the same
     splits and merge the Spark job uses. ``processes`` defaults to every core for stores
     large enough to gain from it. ``config`` (a StoreConfig) is used as it is, else one
-    is loaded from ``conf`` and the files."""
+    is loaded from ``conf`` and the files. ``kind=True`` adds a third item, the
+    :func:`kind_counts` of every record."""
     from .scan.splits import DEFAULT_SPLIT_SIZE, list_store, plan_splits, run_local
 
     files = list_store(store, conf=conf, config=config)
@@ -124,8 +167,58 @@ def commitlog_stats(store: str, *, split_size: int | None = None, processes: int
     if processes is None:
         total = sum(s.end - s.begin for s in splits)
         processes = (os.cpu_count() or 1) if total >= PARALLEL_MIN_BYTES else 1
-    st, payloads = run_local(splits, _stats_task, processes)
-    return merge_stats(payloads.values()), st.ends[store]
+    if not kind:
+        st, payloads = run_local(splits, _stats_task, processes)
+        return merge_stats(payloads.values()), st.ends[store]
+    st, payloads = run_local(splits, _stats_kind_task, processes)
+    return (merge_stats(q for q, _ in payloads.values()), st.ends[store],
+            _merge_counts(c for _, c in payloads.values()))
+
+
+def dledger_stats(log) -> tuple[list[QueueStats], dict[str, int], list[dict]]:
+    """(per-queue stats, :func:`kind_counts`, records skipped) of a DLedger CommitLog: the
+    records inside the entries DLedger's recovery keeps (design-14 §1.5), walked entry
+    run by entry run. A record that is not a valid CommitLog record is skipped and listed
+    (RocketMQ's reput would skip the rest of its data file, design-14 §1.6)."""
+    from .scan.records import columns, consistent
+
+    parts, counts, skipped = [], [], []
+    for run in log.runs():
+        if not len(run):
+            continue
+        good = run.record_ok()
+        for lo in range(0, len(run), 1 << 16):
+            keep = np.arange(lo, min(lo + (1 << 16), len(run)))
+            cols = columns(run.u8, run.record_pos[keep], run.start)
+            ok = good[keep] & consistent(cols)
+            if not ok.all():
+                skipped += [{"file": str(run.path), "offset": int(o)}
+                            for o in cols.offset[~ok].tolist()]
+                cols = cols.take(np.flatnonzero(ok))
+            parts.append(queue_stats(cols))
+            counts.append(kind_counts(cols))
+    return merge_stats(parts), _merge_counts(counts), skipped
+
+
+def _dledger_block(end, log) -> dict:
+    """What ``stats`` says about a DLedger log (design-14 §1.4, §1.5, T9)."""
+    from .format.dledger_layout import DLEDGER_INDEX_UNIT_SIZE
+
+    return {"folder": log.ledger_dir.name, "entries": end.entries,
+            "ledgerBeginIndex": end.begin_index, "ledgerEndIndex": end.end_index,
+            "ledgerEndTerm": end.end_term,
+            "committedIndex": end.committed_index, "committedPos": end.committed_pos,
+            "checkpointCommittedIndex": end.checkpoint_index,
+            # DLedgerCommitLog#getMaxOffset after a restart: served and dispatched up to here
+            "servedUpTo": end.max_offset,
+            "endOffset": end.offset, "endReason": end.reason, "tailClean": end.tail_clean,
+            "recoveryStart": end.recovery_start,
+            "indexRewriteFrom": end.index_rewrite_from,
+            "dataFileSize": log.file_size, "indexFileSize": log.files.index_file_size,
+            # the index as DLedger's recovery leaves it: one unit per entry kept
+            "indexBytes": (end.end_index + 1) * DLEDGER_INDEX_UNIT_SIZE if end.end_index >= 0 else 0,
+            "term": log.currterm.term,
+            "problems": [str(p.detail) for p in log.files.problems] + list(end.refuses_start)}
 
 
 def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
@@ -133,16 +226,33 @@ def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
     from the reader's configuration (``conf`` is not read again: the reader's has it)."""
     from .files.checkpoint import abort_exists, read_checkpoint
 
+    from .files.storekind import profile
+
     cl = reader.commitlog
     root = str(reader.root)
-    # The reader's configuration: the CommitLog directories it reads and their geometry
-    # (a storePathCommitLog elsewhere than STORE/commitlog, spec §1.1).
-    queues, end = commitlog_stats(root, processes=processes, config=reader.config) \
-        if cl.segments else ([], None)
-    commit_log = {"minOffset": cl.min_offset,
-                  "maxOffset": end.end_offset if end else cl.min_offset,
+    kind = profile(reader.root, reader.config.commit_log_dirs)
+    dledger = None
+    if getattr(cl, "framing", "plain") == "dledger":
+        queues, counts, skipped = dledger_stats(cl.log)
+        end = cl.end()
+        dledger = dict(_dledger_block(end, cl.log), recordsSkipped=skipped)
+        commit_log = {"minOffset": cl.min_offset, "maxOffset": end.offset,
+                      # the plain scan's words for a clean end (zeros, a final blank)
+                      "endReason": {"size-zero": "zeros", "blank-in-last-file": "blank",
+                                    "no-data-files": "no segments"}.get(end.reason, end.reason)
+                      if end.clean else end.reason}
+    else:
+        # The reader's configuration: the CommitLog directories it reads and their geometry
+        # (a storePathCommitLog elsewhere than STORE/commitlog, spec §1.1).
+        queues, end, counts = commitlog_stats(root, processes=processes, config=reader.config,
+                                              kind=True) if cl.segments else ([], None, {})
+        commit_log = {"minOffset": cl.min_offset,
+                      "maxOffset": end.end_offset if end else cl.min_offset,
+                      "endReason": (end.reason or "clean") if end else "no segments"}
+    kind.add_records(counts)
+    commit_log = {"minOffset": commit_log["minOffset"], "maxOffset": commit_log["maxOffset"],
                   "messages": sum(q.count for q in queues), "bytes": sum(q.bytes for q in queues),
-                  "endReason": (end.reason or "clean") if end else "no segments",
+                  "endReason": commit_log["endReason"],
                   "segments": len(cl.segments),
                   "segmentSize": reader.config.mapped_file_size_commit_log,
                   "problems": [p.__dict__ for p in cl.queue.problems]}
@@ -174,7 +284,10 @@ def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
     checkpoint = None
     if reader.config.checkpoint_path.exists():
         checkpoint = read_checkpoint(reader.config.checkpoint_path).__dict__
-    return {"store": root, "commitLog": commit_log, "queues": rows,
+    out = {"store": root, "storeKind": kind.as_dict(), "commitLog": commit_log}
+    if dledger is not None:
+        out["dledger"] = dledger
+    return out | {"queues": rows,
             "indexFiles": index_files, "checkpoint": checkpoint,
             "abortFile": abort_exists(reader.root),
             "geometry": {k: getattr(reader.config, k) for k in

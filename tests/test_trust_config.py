@@ -19,7 +19,7 @@ from cli.main import app
 from conftest import FIXTURES, copy_store, tree_hashes
 from rmqstore.format.message import Message
 from rmqstore.files.config import StoreConfig, load_config
-from rmqstore.errors import ConfigError, UnsupportedStoreError
+from rmqstore.errors import ConfigError
 from rmqstore.files.index import IndexFile, IndexGeometry
 from rmqstore.engine.store import MessageStore
 
@@ -391,28 +391,47 @@ def test_undetermined_index_geometry_reads_warn_and_writes_refuse(undetermined, 
 @pytest.mark.parametrize("fixture", [("rocketmq-4.9.8-dledger", "basic"),
                                      ("rocketmq-4.9.8-dledger", "crash"),
                                      ("rocketmq-5.3.3-dledger", "basic")])
-def test_a_dledger_store_is_refused_by_every_command(fixture, tmp_path):
-    """At 5e9440d it verified as "ok, 0 messages" and dump printed nothing, exit 0."""
+def test_a_dledger_store_is_read_never_reported_empty_and_the_rest_refuses(fixture, tmp_path):
+    """At 5e9440d it verified as "ok, 0 messages" and dump printed nothing, exit 0. Issue #14
+    WP C reads it (tests/test_dledger_read.py checks the answers against RocketMQ's); verify
+    and the writing commands refuse naming DLedger until their work packages land."""
     store = copy_store(_fixture(*fixture), tmp_path / "store")
     before = tree_hashes(store)
     data = store / "dledger-n0" / "data"
-    cmds = _commands(store, tmp_path) + [
-        ("dump data file", ["dump", sorted(data.iterdir())[0]]),
-        ("dump data dir", ["dump", data]),
-        ("dump cq", ["dump", store / "consumequeue" / "TopicA" / "0"]),
-        ("dump index", ["dump", sorted((store / "index").iterdir())[0]]),
-        ("dump checkpoint", ["dump", store / "checkpoint"]),
-        ("spark stats", ["spark", "stats", store]),
-        ("spark export", ["spark", "export", store, "--out", tmp_path / "export"]),
-        ("spark audit", ["spark", "audit", store]),
-    ]
-    for name, args in cmds:
+    reads = {"dump", "get", "query-key", "stats"}
+    for name, args in _commands(store, tmp_path):
         code, out, err = cli(*args)
+        if name in reads:
+            if name == "get":  # offset 0 is an entry header: no record starts there
+                assert code == 2 and "outside the DLedger log" in _error_line(err), err
+                args = ["get", store, "--offset", "48", "-f", "json"]
+                code, out, err = cli(*args)
+                assert code == 0 and json.loads(out)["commitLogOffset"] == 48, err
+            elif name == "stats":
+                assert code == 0 and json.loads(out)["commitLog"]["messages"] == 500, err
+            elif name == "dump":
+                assert code == 0 and len(out.splitlines()) == 2, err
+            else:
+                assert code == 0 and out.strip(), (name, err)
+            assert "reads are supported" in err, (name, err)
+            continue
         assert code == 2, (name, code, out, err)
         assert "DLedger CommitLog" in _error_line(err), (name, err)
+    for name, args in [("dump data file", ["dump", sorted(data.iterdir())[0]]),
+                       ("dump data dir", ["dump", data]),
+                       ("spark stats", ["spark", "stats", store]),
+                       ("spark export", ["spark", "export", store, "--out", tmp_path / "export"]),
+                       ("spark audit", ["spark", "audit", store])]:
+        code, out, err = cli(*args)
+        assert code == 2 and "DLedger CommitLog" in _error_line(err), (name, err)
+    for name, args in [("dump cq", ["dump", store / "consumequeue" / "TopicA" / "0"]),
+                       ("dump index", ["dump", sorted((store / "index").iterdir())[0]]),
+                       ("dump checkpoint", ["dump", store / "checkpoint"])]:
+        assert cli(*args)[0] == 0, name
     assert tree_hashes(store) == before
-    with pytest.raises(UnsupportedStoreError):
-        load_config(store)
+    cfg = load_config(store)
+    assert [d.feature.key for d in cfg.features] == ["dledger"] and cfg.warnings == []
+    assert cfg.mapped_file_size_commit_log == 65536  # from the DLedger data files
 
 
 @pytest.mark.parametrize("text, what", [

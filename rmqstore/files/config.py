@@ -384,7 +384,11 @@ def load_config(root: str | os.PathLike | None = None, conf: str | os.PathLike |
         dirs = [Path(p) for p in clog.split(",")] if clog else [rootp / "commitlog"]
         features = storekind.detect_in_records(features, dirs)
         r = Reconcile(rootp, claims, conf)
-        r.segments("mapped_file_size_commit_log", "CommitLog", dirs)
+        # DLedger mode: its data files are the CommitLog's files, mappedFileSizeCommitLog
+        # their size (DLedgerCommitLog sets mappedFileSizeForEntryData from it, design-14 §1.1).
+        ledgers = [d / "data" for d in storekind.find_ledger_dirs(rootp)]
+        r.segments("mapped_file_size_commit_log", "CommitLog",
+                   ledgers if ledgers and not any(d.is_dir() for d in dirs) else dirs)
         r.segments("mapped_file_size_consume_queue", "ConsumeQueue", queue_dirs(rootp),
                    effective=round_units)
         r.index(bool(values.get("message_index_enable", True)))
@@ -400,7 +404,9 @@ def load_config(root: str | os.PathLike | None = None, conf: str | os.PathLike |
     cfg.sources = sources
     cfg.notes = notes
     cfg.features = features
-    cfg.warnings = [d.message for d in features] + warnings
+    # A feature reads fully cover is a note; one they miss something of, a warning.
+    cfg.notes += [d.message for d in features if d.feature.reads_complete]
+    cfg.warnings = [d.message for d in features if not d.feature.reads_complete] + warnings
     cfg.undetermined = undetermined
     cfg.write_blockers = blockers
     return cfg

@@ -12,7 +12,8 @@ Where valid data ends is decided as ``DLedgerMmapFileStore#recover`` (DLedger 0.
 decides it (design-14 §1.5, D2): :meth:`DLedgerLog.walk`. Nothing here writes: files are
 opened read-only and mapped ``ACCESS_READ`` (:class:`~rmqstore.files.segments.SegmentQueue`).
 
-Not wired into the reader, CLI or store-kind detection yet; see docs/dledger.md.
+:class:`DLedgerCommitLog` is the CommitLog-shaped face :class:`rmqstore.reader.StoreReader`
+reads a DLedger store through (``dump``, ``get``, ``query-key``, ``stats``); see docs/dledger.md.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from .dledger_files import (LEDGER_DIR, CurrTerm, LedgerCheckpoint, LedgerFiles,
                             list_files, read_checkpoint, read_currterm)
 from .segments import Segment, SegmentQueue
 
-__all__ = ["DLedgerLog", "ChainEnd", "EntryRun", "open_ledger", "find_ledger_dirs", "list_files",
+__all__ = ["DLedgerLog", "DLedgerCommitLog", "ChainEnd", "EntryRun", "open_ledger", "find_ledger_dirs", "list_files",
            "read_checkpoint", "read_currterm", "LedgerCheckpoint", "CurrTerm", "LedgerFiles",
            "entry_pos", "record_offset", "CLEAN_ENDS"]
 
@@ -369,7 +370,12 @@ class DLedgerLog:
         if p < DLEDGER_BODY_OFFSET:
             raise RecordError(f"offset {offset} is in the first {DLEDGER_BODY_OFFSET} bytes of "
                               "a data file: no record starts there", seg.path, offset)
-        h = self.header_at(offset - DLEDGER_BODY_OFFSET)
+        try:
+            h = self.header_at(offset - DLEDGER_BODY_OFFSET)
+        except RecordError as e:
+            raise RecordError(f"no record starts at offset {offset}: the {DLEDGER_BODY_OFFSET} "
+                              f"bytes before it are not a DLedger entry header ({e.message})",
+                              seg.path, offset) from None
         return memoryview(self._buffer(seg))[p:p + h.body_size]
 
     def message_at(self, offset: int, *, check_crc: bool = False) -> Message:
@@ -692,3 +698,45 @@ def open_ledger(path: str | Path, **kw) -> DLedgerLog:
         raise ConfigError("several DLedger folders (" + ", ".join(d.name for d in found)
                           + "): name the one of the broker's dLegerSelfId", p)
     return DLedgerLog(found[0], **kw)
+
+
+class DLedgerCommitLog:
+    """What readers need of a CommitLog, over a DLedger log (read-only): its data files
+    as ``segments``, ``read_at`` by record offset (= entry pos + 48, the offsets the
+    ConsumeQueue, the IndexFiles and offsetMsgIds hold), and :meth:`end`. ``framing``
+    tells the bulk readers to walk entries (:meth:`DLedgerLog.runs`), not record chains."""
+
+    framing = "dledger"
+
+    def __init__(self, log: DLedgerLog):
+        self.log = log
+
+    @property
+    def segments(self) -> list[Segment]:
+        return self.log.data_files
+
+    @property
+    def queue(self) -> SegmentQueue:
+        return self.log.files.data
+
+    @property
+    def min_offset(self) -> int:
+        """``DLedgerCommitLog#getMinOffset``: the first data file's start."""
+        return self.log.min_offset
+
+    def end(self) -> ChainEnd:
+        return self.log.walk()
+
+    def read_at(self, offset: int, *, check_crc: bool = False) -> Message:
+        """The message whose record starts at CommitLog ``offset`` (an entry's pos + 48),
+        before the end of the entry chain; typed errors name file and offset."""
+        return self.log.message_at(offset, check_crc=check_crc)
+
+    def close(self) -> None:
+        self.log.close()
+
+    def __enter__(self) -> "DLedgerCommitLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -3,10 +3,11 @@
 A store that uses one of them must never be reported as empty or healthy (issue 11). Each
 :class:`Feature` says how far rmqstore goes with it:
 
-* ``unsupported``: every command refuses the store (exit 2), naming the feature. A DLedger
-  CommitLog, for one, has no ``commitlog/`` at all, so a plain reader would see 0 messages.
-* ``partial``: reads work and warn about what they do not cover; the writing commands in
-  ``refuses`` refuse, because they would leave the feature's files inconsistent.
+* ``unsupported``: every command refuses the store (exit 2), naming the feature.
+* ``partial``: reads work and warn about what they do not cover (or, when they cover it
+  all, note it); the commands in ``refuses`` refuse, because they would leave the feature's
+  files inconsistent or would not check it. A DLedger CommitLog, for one, is read through
+  :class:`~rmqstore.files.dledger.DLedgerCommitLog`; verify and the writers refuse it.
 * ``supported``: nothing to say (issue 14 moves features here as it implements them).
 
 Evidence comes from the files (spec §1.1) and from broker.conf keys (spec §1.2).
@@ -16,11 +17,12 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
 from ..errors import ConfigError, UnsupportedStoreError
+from .dledger_files import find_ledger_dirs
 from .listing import open_regular
 
 UNSUPPORTED, PARTIAL, SUPPORTED = "unsupported", "partial", "supported"
@@ -37,10 +39,14 @@ class Feature:
     status: str
     refuses: tuple[str, ...] = ()  # for partial features
     missed: str = ""  # what reads do not cover, for the warning
+    reads_complete: bool = False  # reads cover it fully: a note, not a warning
 
 
 FEATURES = {f.key: f for f in (
-    Feature("dledger", "a DLedger CommitLog", UNSUPPORTED),
+    # Reads (dump, get, query-key, stats) are supported (design-14 WP C); verify and the
+    # writing commands wait for their work packages (D1, G, D2) and refuse meanwhile.
+    Feature("dledger", "a DLedger CommitLog", PARTIAL,
+            ("verify",) + WRITES, reads_complete=True),
     Feature("rocksdb-cq", "a RocksDB consume queue", UNSUPPORTED),
     Feature("store-plugin", "a message store plug-in (tiered storage)", UNSUPPORTED),
     Feature("batch-cq", "BatchConsumeQueue topics", PARTIAL,
@@ -74,6 +80,9 @@ class Detected:
         if f.status == UNSUPPORTED:
             return (f"the store uses {f.what} ({self.evidence}), which rmqstore cannot read or "
                     "change yet; nothing was read")
+        if f.reads_complete:
+            return (f"the store uses {f.what} ({self.evidence}): reads are supported; "
+                    f"{_join(f.refuses)} refuse (not supported yet)")
         return (f"the store uses {f.what} ({self.evidence}), which rmqstore does not understand "
                 f"yet: {f.missed}; {_join(f.refuses)} " + ("refuses" if len(f.refuses) == 1 else "refuse"))
 
@@ -95,14 +104,6 @@ def _entries(d: Path) -> list[str]:
 
 
 _ROCKSDB_FILE = re.compile(r"^(CURRENT|IDENTITY|MANIFEST-\d+|OPTIONS-\d+|\d+\.sst)$")
-DLEDGER_DIR = re.compile(r"^dledger-.+$")
-
-
-def dledger_dirs(root: Path) -> list[Path]:
-    """``dledger-{selfId}`` directories of a store root holding DLedger's ``data/`` or
-    ``index/`` (its default paths, fixtures README "DLedger on-disk layout")."""
-    return [root / n for n in _entries(root) if DLEDGER_DIR.match(n)
-            and ((root / n / "data").is_dir() or (root / n / "index").is_dir())]
 
 
 def detect(root: Path | None, props: Mapping[str, str]) -> list[Detected]:
@@ -148,8 +149,8 @@ def _shown(name: str) -> str:
 
 
 def _detect_files(root: Path, add) -> None:
-    for d in dledger_dirs(root):
-        add("dledger", f"{d.name}/")
+    for d in find_ledger_dirs(root):
+        add("dledger", f"{_shown(d.name)}/")
     cq = root / "consumequeue"
     names = _entries(cq)
     rocks = [n for n in names if _ROCKSDB_FILE.match(n) and (cq / n).is_file()]
@@ -233,18 +234,30 @@ def refuse_unsupported(found: list[Detected], root) -> None:
             raise UnsupportedStoreError(d.message, root)
 
 
+def refuse_operation(cfg, operation: str) -> None:
+    """Refuse ``operation`` (``verify`` or one of :data:`WRITES`) when a feature of the store
+    at ``cfg`` is unsupported or refuses it: one line naming the feature, nothing changed."""
+    root = cfg.root
+    for d in cfg.features:
+        f = d.feature
+        if f.status == UNSUPPORTED or (f.status == PARTIAL and operation in f.refuses):
+            if f.reads_complete:
+                raise UnsupportedStoreError(
+                    f"{operation} refused: the store uses {f.what} ({d.evidence}); rmqstore "
+                    f"reads it (dump, get, query-key, stats), {operation} is not supported "
+                    "on it yet (nothing was changed)", root)
+            raise UnsupportedStoreError(
+                f"{operation} refused: the store uses {f.what} ({d.evidence}), which "
+                f"rmqstore cannot keep consistent yet (nothing was changed)", root)
+
+
 def require_writable(cfg, operation: str) -> None:
     """Refuse ``operation`` (one of :data:`WRITES`) on the store ``cfg`` describes when a
     feature would be left inconsistent, when the CommitLog may be incomplete, or when
     geometry it needs is a guess rather than what the files say."""
     assert operation in WRITES, operation
     root = cfg.root
-    for d in cfg.features:
-        if d.feature.status == UNSUPPORTED or (d.feature.status == PARTIAL
-                                               and operation in d.feature.refuses):
-            raise UnsupportedStoreError(
-                f"{operation} refused: the store uses {d.feature.what} ({d.evidence}), which "
-                f"rmqstore cannot keep consistent yet (nothing was changed)", root)
+    refuse_operation(cfg, operation)
     for why in cfg.write_blockers:
         raise ConfigError(f"{operation} refused: {why} (nothing was changed)", root)
     needs = {"repair": GEOMETRY_ALL, "append": GEOMETRY_ALL,
@@ -261,5 +274,222 @@ def require_writable(cfg, operation: str) -> None:
 GEOMETRY_ALL = ("mapped_file_size_commit_log", "mapped_file_size_consume_queue",
                 "max_hash_slot_num", "max_index_num")
 
+# --- the store's kind and version, from the files (design-14 §8) -----------------------------
+
+#: Record-level features a profile can name, in the order ``features`` lists them.
+RECORD_FEATURES = ("batch-cq", "lmq", "prop-crc", "v2-magic")
+_PROP_CRC_KEY = b"__CRC32#"
+
+
+@dataclass
+class StoreProfile:
+    """What the files say the store is (design-14 §8): ``log`` (plain, dledger,
+    dledger-mixed, or segment for a loose CommitLog file), ``family`` (4.9, 5 or unknown:
+    whose on-disk conventions it follows), ``features`` it uses (batch-cq, lmq, prop-crc,
+    v2-magic) and the ``evidence`` for each conclusion, one line per fact.
+
+    :func:`profile` looks only at listings, tiny files and the newest segment's first
+    record; :meth:`add_records` adds what a pass over every record counted (``stats``)."""
+
+    log: str
+    family: str = "unknown"
+    features: list[str] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+    five: list[str] = field(default_factory=list)  # evidence only 5.x writes
+    trailing: bool | None = None  # newest properties text ends in 0x02 (None: no text seen)
+    dledger: dict | None = None
+
+    def _feature(self, key: str, why: str) -> None:
+        if key not in self.features:
+            self.features.append(key)
+            self.features.sort(key=RECORD_FEATURES.index)
+        self.evidence.append(why)
+
+    def _decide(self) -> None:
+        """Family 5 on any 5-only evidence (an upgraded store is 5); else 4.9 when the
+        newest properties text lacks the trailing 0x02 (4.9.1 to 5.1); else unknown."""
+        if self.five:
+            self.family = "5"
+        elif self.trailing is False:
+            self.family = "4.9"
+        else:
+            self.family = "unknown"
+
+    def add_records(self, counts: Mapping[str, int]) -> "StoreProfile":
+        """Fold in counts from a pass over every record: ``records``, ``v2`` (magic v2),
+        ``propCrc`` (ends in a ``__CRC32#`` entry), ``innerBatch`` (sysFlag 0x40|0x80)."""
+        n = counts.get("records", 0)
+        if counts.get("v2"):
+            why = f"{counts['v2']} of {n} records have magic v2 (RocketMQ 5.1+)"
+            self._feature("v2-magic", why)
+            self.five.append(why)
+        if counts.get("propCrc") and "prop-crc" not in self.features:
+            why = f"{counts['propCrc']} of {n} records end in a __CRC32# property (5.2+)"
+            self._feature("prop-crc", why)
+            self.five.append(why)
+        if counts.get("innerBatch") and "batch-cq" not in self.features:
+            why = f"{counts['innerBatch']} of {n} records are inner batches (sysFlag 0x40|0x80)"
+            self._feature("batch-cq", why)
+            self.five.append(why)
+        self._decide()
+        return self
+
+    def as_dict(self) -> dict:
+        out = {"log": self.log, "family": self.family, "features": list(self.features),
+               "evidence": list(self.evidence)}
+        if self.dledger is not None:
+            out["dledger"] = dict(self.dledger)
+        return out
+
+
+def _first_record_props(path: Path, at: int) -> tuple[str, bytes] | None:
+    """(properties text, record tail) of the record at ``at`` in a data file, or None when
+    there is none there (zeros, a blank) or it does not decode: no evidence."""
+    from ..format.record import decode_record
+
+    try:
+        with open_regular(path) as f:
+            f.seek(at)
+            head = f.read(8)
+            if len(head) < 8 or head[:4] == bytes(4):
+                return None
+            size = int.from_bytes(head[:4], "big", signed=True)
+            if not 0 < size <= 64 << 20:
+                return None
+            buf = head + f.read(size - 8)
+        msg = decode_record(buf, 0)
+    except Exception:  # noqa: BLE001 - unreadable or not a record: no evidence
+        return None
+    return msg.properties_text or "", buf
+
+
+def _newest_first_record(files: list[Path], at: int) -> tuple[Path, str, bytes] | None:
+    """The first record of the newest data file holding one (``at``: 0 for CommitLog
+    segments, 48 for DLedger entries, whose record follows the entry header)."""
+    for p in reversed(files):
+        got = _first_record_props(p, at)
+        if got is not None:
+            return (p, *got)
+    return None
+
+
+def _numbered(d: Path) -> list[Path]:
+    from .listing import offset_name
+
+    found = [(offset_name(e.name), e.path) for e in _entries_of(d) if e.kind == "file"]
+    return [p for o, p in sorted((o, p) for o, p in found if o is not None)]
+
+
+def _entries_of(d: Path):
+    from .listing import entries
+
+    try:
+        return entries(d) if d.is_dir() else []
+    except OSError:
+        return []
+
+
+def profile(root: str | os.PathLike, commit_log_dirs=None) -> StoreProfile:
+    """The store kind and version the files at ``root`` show (design-14 §8); cheap enough
+    for every command: listings, a few tiny files, one record. Never raises for contents."""
+    from ..format.dledger_layout import DLEDGER_BODY_OFFSET
+    from .checkpoint import read_checkpoint
+
+    root = Path(root)
+    dirs = [Path(d) for d in (commit_log_dirs or [root / "commitlog"])]
+    segments = [p for d in dirs for p in _numbered(d)]
+    ledgers = find_ledger_dirs(root)
+    data = [p for d in ledgers for p in _numbered(d / "data")]
+    if ledgers and segments:
+        prof = StoreProfile("dledger-mixed")
+        prof.evidence.append(f"{_shown(ledgers[0].name)}/data/ beside commitlog/ segments")
+    elif ledgers:
+        prof = StoreProfile("dledger")
+        prof.evidence.append(f"{_shown(ledgers[0].name)}/data/ holds {len(data)} DLedger "
+                             "data file(s)")
+    else:
+        prof = StoreProfile("plain")
+    if ledgers:
+        prof.dledger = {"selfId": ledgers[0].name[len("dledger-"):],
+                        "folders": [_shown(d.name) for d in ledgers], "dataFiles": len(data)}
+    # 5-only files (R5 MixAll#string2File, CompactionPositionMgr, StoreCheckpoint#flush)
+    five = []
+    if (root / "abort.bak").exists():
+        five.append("abort.bak exists (5.x writes it when it creates abort)")
+    try:
+        text = (root / "abort").read_bytes()[:32] if _nonempty(root / "abort") else b""
+    except OSError:
+        text = b""
+    if text.isdigit():
+        five.append(f"abort holds a PID ({text.decode()}): a 5.x broker did not shut down")
+    if (root / "compaction" / "position-checkpoint").exists():
+        five.append("compaction/position-checkpoint exists")
+    if _nonempty(root / "checkpoint"):
+        try:
+            cp = read_checkpoint(root)
+            if cp.master_flushed_offset or cp.confirm_phy_offset:
+                five.append("the checkpoint's 5.x fields (masterFlushedOffset, confirmPhyOffset) "
+                            "are set")
+        except Exception:  # noqa: BLE001 - verify reports an unreadable checkpoint
+            pass
+    bcq = _entries(root / "batchconsumequeue")
+    if bcq:
+        why = f"batchconsumequeue/{_shown(bcq[0])} exists"
+        prof._feature("batch-cq", why)
+        five.append(why)
+    elif _mentions(root / "config" / "topics.json", '"BatchCQ"'):
+        why = "config/topics.json has queue.type=BatchCQ"
+        prof._feature("batch-cq", why)
+        five.append(why)
+    elif _mentions(root / "config" / "topics.json", '"attributes"'):
+        five.append("config/topics.json has topic attributes (5.x)")
+    lmq = [n for n in _entries(root / "consumequeue") if n.startswith("%LMQ%")]
+    if lmq:
+        prof._feature("lmq", f"consumequeue/{_shown(lmq[0])} exists (LMQ dispatch)")
+    for why in five:
+        if why not in prof.evidence:
+            prof.evidence.append(why)
+    prof.five += five
+    newest = _newest_first_record(data, DLEDGER_BODY_OFFSET) if data else None
+    if newest is None and segments:
+        newest = _newest_first_record(segments, 0)
+    if newest is not None:
+        path, props, buf = newest
+        try:
+            where = _shown(path.relative_to(root).as_posix())
+        except ValueError:  # a storePathCommitLog elsewhere
+            where = _shown(str(path))
+        if _PROP_CRC_KEY in buf[-(len(_PROP_CRC_KEY) + 12):]:
+            why = f"{where}: the first record ends in a __CRC32# property (5.2+)"
+            prof._feature("prop-crc", why)
+            prof.five.append(why)
+        if props:
+            prof.trailing = props.endswith("\x02")
+            prof.evidence.append(
+                f"{where}: the first record's properties " + (
+                    "keep the trailing 0x02 (<=4.9.0 or >=5.2)" if prof.trailing
+                    else "have no trailing 0x02 (4.9.1 to 5.1)"))
+    prof._decide()
+    return prof
+
+
+def profile_segment(path: str | os.PathLike) -> StoreProfile:
+    """The profile of a loose CommitLog segment file: only its first record speaks."""
+    p = Path(path)
+    prof = StoreProfile("segment")
+    got = _first_record_props(p, 0)
+    if got is not None and got[0]:
+        prof.trailing = got[0].endswith("\x02")
+        prof.evidence.append("properties keep the trailing 0x02 (<=4.9.0 or >=5.2)" if prof.trailing
+                             else "properties have no trailing 0x02 (4.9.1 to 5.1)")
+        if _PROP_CRC_KEY in got[1][-(len(_PROP_CRC_KEY) + 12):]:
+            prof._feature("prop-crc", "the first record ends in a __CRC32# property (5.2+)")
+            prof.five.append("prop-crc")
+    prof._decide()
+    return prof
+
+
+
 __all__ = ["FEATURES", "Feature", "Detected", "detect", "detect_in_records", "refuse_unsupported",
-           "require_writable", "dledger_dirs", "UNSUPPORTED", "PARTIAL", "SUPPORTED", "WRITES"]
+           "refuse_operation", "require_writable", "StoreProfile", "profile", "UNSUPPORTED",
+           "PARTIAL", "SUPPORTED", "WRITES", "profile_segment", "RECORD_FEATURES"]

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..scan import splits as S
-from ..errors import InputError, NotAStoreError, RmqStoreError, SparkError, StoreIOError
+from ..errors import (InputError, NotAStoreError, RmqStoreError, SparkError, StoreIOError,
+                      UnsupportedStoreError)
 
 _LOCAL_MASTER = re.compile(r"^local(\[[^\]]*\])?$")
 PYTHON_RULE = ("the executors' Python is --python, else the Spark setting spark.pyspark.python, "
@@ -207,6 +208,11 @@ def check_store(store: str, conf: str | os.PathLike | None = None, *,
         raise NotAStoreError(f"is a {kind.kind.replace('-', ' ')}, not a store root", store)
     with open_store(path, conf) as reader:
         cfg = reader.config
+        if reader.framing == "dledger":  # scan-side DLedger framing is design-14 WP D1
+            raise UnsupportedStoreError(
+                f"the store uses a DLedger CommitLog ({reader.dledger.ledger_dir.name}/): the "
+                "Spark commands do not read it yet; rmqstore dump, get, query-key and stats "
+                "do; nothing was read", path)
     if write:
         from ..files.storekind import require_writable
 
