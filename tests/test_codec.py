@@ -65,6 +65,21 @@ def test_long_topic_gets_v2():
     assert decode_record(raw).topic == m.topic
 
 
+@pytest.mark.parametrize("topic,magic,tlen_width", [
+    ("t" * 127, L.MAGIC_V1, 1), ("t" * 128, L.MAGIC_V2, 2),
+    ("é" * 64, L.MAGIC_V1, 1),  # 128 UTF-8 bytes but 64 Java characters: v1 (spec §3.1)
+    ("😀" * 64, L.MAGIC_V2, 2),  # 64 Python characters, 128 Java (UTF-16) characters: v2
+])
+def test_encoded_magic_follows_the_java_length_of_the_topic(topic, magic, tlen_width):
+    raw = encode_record(Message(topic=topic))
+    topic_b = topic.encode()
+    assert int.from_bytes(raw[4:8], "big", signed=True) == magic
+    # The topic length field sits before the topic, as wide as the magic says.
+    at = raw.index(topic_b)
+    assert int.from_bytes(raw[at - tlen_width:at], "big") == len(topic_b)
+    assert raw[at - tlen_width - 4:at - tlen_width] == bytes(4)  # BODYLENGTH 0 before it
+
+
 def test_offset_msg_id_vectors():
     host = Host.parse("192.168.0.100:10911")
     assert offset_msg_id(host, 2048) == "C0A8006400002A9F0000000000000800"

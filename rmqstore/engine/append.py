@@ -30,7 +30,7 @@ import numpy as np
 
 from ..format import layout as L
 from ..format.message import Message, offset_msg_id, offset_msg_id_at, offset_msg_id_prefix
-from ..format.rules import NO_QUEUE_OFFSET_BIT, advances_queue_offset
+from ..format.rules import NO_QUEUE_OFFSET_BIT, advances_queue_offset, java_length, magic_for
 from ..format.crc import BODY_CRC_MASK, body_crc
 from ..files.config import StoreConfig
 from ..errors import OffsetError, StoreIOError
@@ -242,13 +242,6 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _java_length(s: str) -> int:
-    """Java ``String.length()``: UTF-16 code units."""
-    if s.isascii():
-        return len(s)
-    return len(s.encode("utf-16-le", "surrogatepass")) // 2
-
-
 def prepare(msg: Message, config: StoreConfig) -> Prepared | PutResult:
     """Check ``msg`` against the limits in the broker's order and encode its variable part
     (spec §3.6). Returns a failed :class:`PutResult` instead of raising."""
@@ -258,7 +251,7 @@ def prepare(msg: Message, config: StoreConfig) -> Prepared | PutResult:
     text = msg.properties_text
     if not v5:
         # 4.9's DefaultMessageStore checks Java lengths first, both as MESSAGE_ILLEGAL.
-        if _java_length(topic) > 127:
+        if java_length(topic) > 127:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="topic is longer than 127 characters")
         if msg.magic == L.MAGIC_V2:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="magic v2 is unknown to a 4.9 store")
@@ -281,7 +274,7 @@ def prepare(msg: Message, config: StoreConfig) -> Prepared | PutResult:
             text = ""
     else:
         props = None
-    if not v5 and len(text) > _SHORT_MAX // 2 and _java_length(text) > _SHORT_MAX:
+    if not v5 and len(text) > _SHORT_MAX // 2 and java_length(text) > _SHORT_MAX:
         return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="properties are longer than 32767 characters")
     props_b = text.encode("utf-8", "replace")
     if len(props_b) > _SHORT_MAX:
@@ -291,9 +284,7 @@ def prepare(msg: Message, config: StoreConfig) -> Prepared | PutResult:
     if len(body) > config.max_message_size:
         return PutResult(PutStatus.MESSAGE_ILLEGAL,
                          reason=f"body is {len(body)} bytes, more than maxMessageSize {config.max_message_size}")
-    magic = L.MAGIC_V1
-    if v5 and (msg.magic == L.MAGIC_V2 or _java_length(topic) > 127):
-        magic = L.MAGIC_V2
+    magic = magic_for(topic, msg.magic, auto=v5)  # 4.9 refused v2 above
     born6, store6 = msg.born_host.is_v6, msg.store_host.is_v6
     sys_flag = (msg.sys_flag & ~_HOST_BITS) | (L.SYSFLAG_BORNHOST_V6 if born6 else 0) | (
         L.SYSFLAG_STOREHOST_V6 if store6 else 0)
@@ -552,7 +543,7 @@ class CommitLogAppender:
         PROPERTIESLENGTH field) for a message of ``topic`` (magic v1 unless the topic
         needs v2), or None when prepare() would refuse the topic."""
         topic_b = topic.encode("utf-8", "replace")
-        jlen = _java_length(topic)
+        jlen = java_length(topic)
         if not self._v5:
             if jlen > 127:
                 return None
@@ -560,7 +551,7 @@ class CommitLogAppender:
             return None
         if topic_problem(topic) is not None:
             return None
-        magic = L.MAGIC_V2 if self._v5 and jlen > 127 else L.MAGIC_V1
+        magic = magic_for(topic, auto=self._v5)
         tsize = 2 if magic == L.MAGIC_V2 else 1
         tblock = len(topic_b).to_bytes(tsize, "big") + topic_b
         entry = (magic, tblock, len(tblock) + _PROPS_LEN.size)

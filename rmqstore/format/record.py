@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..errors import RecordError
 from . import layout as L
 from .crc import body_crc
+from .rules import magic_for
 from .message import Host, Message, parse_properties, serialize_properties
 
 
@@ -37,11 +38,13 @@ def _host_bits(born: Host, store: Host) -> int:
     return (L.SYSFLAG_BORNHOST_V6 if born.is_v6 else 0) | (L.SYSFLAG_STOREHOST_V6 if store.is_v6 else 0)
 
 
-def encode_record(msg: Message, *, trailing_separator: bool = False) -> bytes:
+def encode_record(msg: Message, *, trailing_separator: bool = False, auto: bool = True) -> bytes:
     """Record bytes for ``msg`` exactly as the broker lays them out (spec §3.1).
 
     The host bits of SYSFLAG follow the host widths; TOTALSIZE, the lengths and BODYCRC
     are computed. QUEUEOFFSET and PHYSICALOFFSET are taken from the message as they are.
+    The magic is :func:`~rmqstore.format.rules.magic_for` the topic (``auto``: the 5.x
+    rule for topics over 127 Java characters; off for a 4.9 store).
     """
     sys_flag = (msg.sys_flag & ~(L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6)) | _host_bits(
         msg.born_host, msg.store_host)
@@ -50,9 +53,7 @@ def encode_record(msg: Message, *, trailing_separator: bool = False) -> bytes:
     if text is None:
         text = serialize_properties(msg.properties, trailing_separator)
     props = text.encode("utf-8", "replace")
-    magic = msg.magic
-    if len(topic) > 127 or magic == L.MAGIC_V2:
-        magic = L.MAGIC_V2
+    magic = magic_for(msg.topic, msg.magic, auto=auto)
     key = (msg.born_host.is_v6, msg.store_host.is_v6)
     total = L.RECORD_FIXED_SIZE[key] + len(msg.body) + (2 if magic == L.MAGIC_V2 else 1) + len(topic) + 2 + len(props)
     head = L.RECORD_FIXED_STRUCT[key].pack(
