@@ -29,7 +29,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..format import layout as L
-from ..format.message import Message, offset_msg_id, offset_msg_id_at, offset_msg_id_prefix
+from ..format.message import (Message, offset_msg_id, offset_msg_id_at, offset_msg_id_prefix,
+                              parse_properties, serialize_properties)
+from ..format.record import pack_head, record_tail, topic_field
 from ..format.rules import NO_QUEUE_OFFSET_BIT, advances_queue_offset, java_length, magic_for
 from ..format.crc import BODY_CRC_MASK, body_crc
 from ..files.config import StoreConfig
@@ -198,8 +200,7 @@ _BATCH_FIELDS = operator.attrgetter(
 
 
 def _props_text(props: dict, trailing: bool) -> str:
-    text = "\x02".join([f"{k}\x01{v}" for k, v in props.items() if v is not None]) if props else ""
-    return text + "\x02" if text and trailing else text
+    return serialize_properties(props, trailing) if props else ""
 
 
 def _column(values, dtype=np.int64) -> np.ndarray | int:
@@ -266,12 +267,7 @@ def prepare(msg: Message, config: StoreConfig) -> Prepared | PutResult:
                          reason=f"topic {shown(topic)} cannot be a directory name ({why})")
     if text is None:
         props = msg.properties
-        if props:
-            text = "\x02".join([f"{k}\x01{v}" for k, v in props.items() if v is not None])
-            if text and config.trailing_separator:
-                text += "\x02"
-        else:
-            text = ""
+        text = serialize_properties(props, config.trailing_separator) if props else ""
     else:
         props = None
     if not v5 and len(text) > _SHORT_MAX // 2 and java_length(text) > _SHORT_MAX:
@@ -288,18 +284,15 @@ def prepare(msg: Message, config: StoreConfig) -> Prepared | PutResult:
     born6, store6 = msg.born_host.is_v6, msg.store_host.is_v6
     sys_flag = (msg.sys_flag & ~_HOST_BITS) | (L.SYSFLAG_BORNHOST_V6 if born6 else 0) | (
         L.SYSFLAG_STOREHOST_V6 if store6 else 0)
-    tsize = 2 if magic == L.MAGIC_V2 else 1
-    total = L.RECORD_FIXED_SIZE[born6, store6] + len(body) + tsize + len(topic_b) + 2 + len(props_b)
+    total = L.record_size(sys_flag, magic, len(body), len(topic_b), len(props_b))
     if total > config.max_message_size + 65536:
         return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"record of {total} bytes is over the limit")
     if total + L.END_FILE_MIN_BLANK_LENGTH > config.mapped_file_size_commit_log:
         # The broker would write a BLANK over a whole fresh segment and fail; refuse early.
         return PutResult(PutStatus.MESSAGE_ILLEGAL,
                          reason=f"record of {total} bytes cannot fit a {config.mapped_file_size_commit_log}-byte segment")
-    tail = b"".join((body, len(topic_b).to_bytes(tsize, "big"), topic_b,
-                     len(props_b).to_bytes(2, "big"), props_b))
+    tail = record_tail(body, topic_field(topic_b, magic), props_b)
     if props is None:
-        from ..format.message import parse_properties
         props = parse_properties(text)
     return Prepared(msg, (born6, store6), magic, sys_flag, body_crc(body), total, tail, props)
 
@@ -441,12 +434,8 @@ class CommitLogAppender:
 
     def _encode(self, p: Prepared, phys: int, queue_offset: int, store_ts: int) -> bytes:
         m = p.msg
-        head = L.RECORD_FIXED_STRUCT[p.key].pack(
-            p.total, p.magic, p.crc, m.queue_id, m.flag, queue_offset, phys, p.sys_flag,
-            m.born_timestamp, m.born_host.address, m.born_host.port, store_ts,
-            m.store_host.address, m.store_host.port, m.reconsume_times,
-            m.prepared_transaction_offset, len(m.body or b""))
-        return head + p.tail
+        return pack_head(p.key, p.total, p.magic, p.crc, p.sys_flag, m, queue_offset, phys,
+                         store_ts, len(m.body or b"")) + p.tail
 
     def _place(self, data, n: int) -> int:
         """Write ``n`` bytes at ``end``, TOTALSIZE of the first record last."""
@@ -552,8 +541,7 @@ class CommitLogAppender:
         if topic_problem(topic) is not None:
             return None
         magic = magic_for(topic, auto=self._v5)
-        tsize = 2 if magic == L.MAGIC_V2 else 1
-        tblock = len(topic_b).to_bytes(tsize, "big") + topic_b
+        tblock = topic_field(topic_b, magic)
         entry = (magic, tblock, len(tblock) + _PROPS_LEN.size)
         if len(self._topics) < 65536:
             self._topics[topic] = entry
@@ -564,7 +552,10 @@ class CommitLogAppender:
         statuses of :func:`prepare` + :meth:`append`, at a fraction of the cost.
 
         Returns None when the message needs the general path (a refused message, magic
-        v2, very long properties or body): the caller then uses prepare()/append().
+        v2 asked for, very long properties or body): the caller then uses prepare()/append().
+        A specialised form of :func:`rmqstore.format.record.encode_record` (its topic
+        field and header struct, packed in place): tests/test_one_encoder.py pins the
+        bytes to it.
         ``record(topic, queue_id, queue_offset, offset, size, sys_flag, store_ts, props,
         text)`` is called under the lock (dispatch); ``props`` is None when the message
         came with ``properties_text``.

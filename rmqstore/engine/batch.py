@@ -36,7 +36,8 @@ import numpy as np
 from ..format import layout as L
 from .append import Appended, PutResults, now_ms
 from ..format.rules import SCHEDULE_TOPIC, advances_queue_offset, gets_index_keys
-from ..format.message import Host, Message, offset_msg_id_prefix, parse_properties
+from ..format.message import (Host, Message, offset_msg_id_prefix, parse_properties,
+                              serialize_properties)
 from ..format.hashing import index_abs_many, pow31, prefix_hash
 from ..errors import StoreIOError
 from ..format.crc import BODY_CRC_MASK
@@ -171,11 +172,8 @@ def _texts_generic(properties: Mapping[str, Any], n: int, trailing: bool) -> lis
     """Per message, exactly as put_batch serialises a properties dict (None skipped)."""
     names = list(properties)
     cols = [itertools.repeat(v, n) if isinstance(v, str) else v for v in properties.values()]
-    out = []
-    for row in (zip(*cols) if cols else itertools.repeat((), n)):
-        text = _SEP.join([f"{k}{_NV}{v}" for k, v in zip(names, row) if v is not None])
-        out.append(text + _SEP if text and trailing else text)
-    return out
+    return [serialize_properties(zip(names, row), trailing)
+            for row in (zip(*cols) if cols else itertools.repeat((), n))]
 
 
 def _encode_texts(texts: list[str]) -> list[bytes]:

@@ -13,6 +13,8 @@ from .rules import magic_for
 from .message import Host, Message, parse_properties, serialize_properties
 
 
+_PROPS_LEN = L.RECORD_PROPERTIES_LENGTH_STRUCT
+
 #: What :func:`chain_step` finds where a walk along the TOTALSIZE chain arrives.
 CHAIN_VERDICTS = ("record", "end", "short", "blank", "zeros", "bad magic", "bad size")
 
@@ -38,13 +40,43 @@ def _host_bits(born: Host, store: Host) -> int:
     return (L.SYSFLAG_BORNHOST_V6 if born.is_v6 else 0) | (L.SYSFLAG_STOREHOST_V6 if store.is_v6 else 0)
 
 
+# The encoder in two halves, so a writer can make the variable part outside its append
+# lock and the fixed part (which holds the offsets the lock assigns) under it:
+# record = pack_head(...) + record_tail(...). The bulk forms (the engine's columnar put,
+# the fast single put) build the same bytes from the same layout-derived structs and are
+# tested against encode_record.
+
+
+def topic_field(topic_b: bytes, magic: int) -> bytes:
+    """TOPICLENGTH (as wide as ``magic`` says) and the topic's bytes (spec §3.1)."""
+    return len(topic_b).to_bytes(L.TOPIC_LENGTH_SIZE[magic], "big") + topic_b
+
+
+def record_tail(body: bytes, topic_block: bytes, props_b: bytes) -> bytes:
+    """Everything after BODYLENGTH: body, :func:`topic_field`, PROPERTIESLENGTH and the
+    properties text."""
+    return b"".join((body, topic_block, _PROPS_LEN.pack(len(props_b)), props_b))
+
+
+def pack_head(key: tuple[bool, bool], total: int, magic: int, crc: int, sys_flag: int,
+              msg: Message, queue_offset: int, physical_offset: int, store_timestamp: int,
+              body_length: int) -> bytes:
+    """The fixed part (fields 1..14 and BODYLENGTH) for host widths ``key`` (born v6,
+    store v6): the other fields come from ``msg``."""
+    born, store = msg.born_host, msg.store_host
+    return L.RECORD_FIXED_STRUCT[key].pack(
+        total, magic, crc, msg.queue_id, msg.flag, queue_offset, physical_offset, sys_flag,
+        msg.born_timestamp, born.address, born.port, store_timestamp, store.address,
+        store.port, msg.reconsume_times, msg.prepared_transaction_offset, body_length)
+
+
 def encode_record(msg: Message, *, trailing_separator: bool = False, auto: bool = True) -> bytes:
     """Record bytes for ``msg`` exactly as the broker lays them out (spec §3.1).
 
     The host bits of SYSFLAG follow the host widths; TOTALSIZE, the lengths and BODYCRC
-    are computed. QUEUEOFFSET and PHYSICALOFFSET are taken from the message as they are.
-    The magic is :func:`~rmqstore.format.rules.magic_for` the topic (``auto``: the 5.x
-    rule for topics over 127 Java characters; off for a 4.9 store).
+    are computed. QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP are taken from the
+    message as they are. The magic is :func:`~rmqstore.format.rules.magic_for` the topic
+    (``auto``: the 5.x rule for topics over 127 Java characters; off for a 4.9 store).
     """
     sys_flag = (msg.sys_flag & ~(L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6)) | _host_bits(
         msg.born_host, msg.store_host)
@@ -54,15 +86,12 @@ def encode_record(msg: Message, *, trailing_separator: bool = False, auto: bool 
         text = serialize_properties(msg.properties, trailing_separator)
     props = text.encode("utf-8", "replace")
     magic = magic_for(msg.topic, msg.magic, auto=auto)
+    body = msg.body
+    total = L.record_size(sys_flag, magic, len(body), len(topic), len(props))
     key = (msg.born_host.is_v6, msg.store_host.is_v6)
-    total = L.RECORD_FIXED_SIZE[key] + len(msg.body) + (2 if magic == L.MAGIC_V2 else 1) + len(topic) + 2 + len(props)
-    head = L.RECORD_FIXED_STRUCT[key].pack(
-        total, magic, body_crc(msg.body), msg.queue_id, msg.flag, msg.queue_offset,
-        msg.commit_log_offset, sys_flag, msg.born_timestamp, msg.born_host.address,
-        msg.born_host.port, msg.store_timestamp, msg.store_host.address, msg.store_host.port,
-        msg.reconsume_times, msg.prepared_transaction_offset, len(msg.body))
-    tlen = len(topic).to_bytes(2 if magic == L.MAGIC_V2 else 1, "big")
-    return b"".join((head, msg.body, tlen, topic, len(props).to_bytes(2, "big"), props))
+    head = pack_head(key, total, magic, body_crc(body), sys_flag, msg, msg.queue_offset,
+                     msg.commit_log_offset, msg.store_timestamp, len(body))
+    return head + record_tail(body, topic_field(topic, magic), props)
 
 
 def decode_record(buf, pos: int = 0, *, limit: int | None = None, path=None,
