@@ -6,6 +6,8 @@ tested against.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import RecordError
 from . import layout as L
 from .crc import body_crc
@@ -92,6 +94,22 @@ def encode_record(msg: Message, *, trailing_separator: bool = False, auto: bool 
     head = pack_head(key, total, magic, body_crc(body), sys_flag, msg, msg.queue_offset,
                      msg.commit_log_offset, msg.store_timestamp, len(body))
     return head + record_tail(body, topic_field(topic, magic), props)
+
+
+def set_head_field(records: np.ndarray, name: str, values, starts=None,
+                   key: tuple[bool, bool] = (False, False)) -> None:
+    """Set fixed field ``name`` (a :data:`~rmqstore.format.layout.RECORD_FIXED` field such
+    as ``queue_offset``) of many encoded records at once, the vector form of
+    :func:`pack_head` for one field: ``records`` is a uint8 array, 2-D with one record
+    per row, or 1-D with the records starting at ``starts``; ``values`` one per record.
+    ``key`` (born v6, store v6) says which fixed layout the records have."""
+    off, width = L.RECORD_FIXED_OFFSETS[key][name]
+    raw = np.asarray(values).astype(L.RECORD_FIXED_DTYPE[key].fields[name][0])
+    raw = raw.view(np.uint8).reshape(-1, width)
+    if starts is None:
+        records[:, off:off + width] = raw
+    else:
+        records[np.asarray(starts)[:, None] + (off + np.arange(width))] = raw
 
 
 def decode_record(buf, pos: int = 0, *, limit: int | None = None, path=None,
