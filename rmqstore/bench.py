@@ -14,7 +14,7 @@ compares them with :meth:`rmqstore.engine.dispatch.Dispatcher.dispatch_log`).
 Timed calls, and where they come from when the owning module offers a bench hook:
 
 ==============  =============================================================
-append          :func:`rmqstore.engine.append.bench_append` (put to clean close)
+append          :func:`rmqstore.bench_append.run_append` (put to clean close)
 scan            ``rmqstore.stats.commitlog_stats`` (``segment_partials`` before it)
 verify          ``rmqstore.recovery.verify.bench_verify`` when present, else skipped
 rebuild         ``rmqstore.recovery.rebuild.bench_rebuild`` when present, else
@@ -319,7 +319,7 @@ def _segment_size(opts: BenchOptions) -> int:
 
 
 def bench_append(opts: BenchOptions) -> BenchResult:
-    from .engine.append import bench_append as run, bench_messages
+    from .bench_append import bench_messages, run_append as run
 
     modes = {"single": {}, "batch": {"batch": 1000}, "columns": {"batch": 1000, "columns": True},
              "sync": {"flush_disk_type": "SYNC_FLUSH", "threads": 4}}

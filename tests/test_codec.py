@@ -219,7 +219,7 @@ def test_every_index_hash_form_maps_min_value_to_zero():
     IndexFile uses 0 (spec §7.2). Every form that computes index hashes must agree."""
     import numpy as np
 
-    from rmqstore.engine.batch import _token_hashes
+    from rmqstore.engine.batch_dispatch import _token_hashes
     from rmqstore.format.hashing import (index_abs, index_abs_many, index_hash_from, index_hashes,
                                          prefix_hash, span_hash, token_hash, token_hashes)
 

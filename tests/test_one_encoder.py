@@ -3,7 +3,7 @@ bytes of :func:`rmqstore.format.record.encode_record` for the same message and t
 offsets, queue offset and timestamp the store gave it (spec §3.1).
 
 The fast single put (``CommitLogAppender.put_message``), the vectorised batch
-(``put_batch_message``) and the columnar put (``put_columns``) are specialised forms; the
+(``batch.put_messages``) and the columnar put (``put_columns``) are specialised forms; the
 general path (``prepare`` + ``append``) calls the format encoder's two halves. Each is checked here against ``encode_record``
 on generated messages: v2 topics (over 127 Java characters), non-ASCII and astral
 topics, empty properties, stored properties texts, the trailing separator on (5) and off (4.9),
@@ -19,8 +19,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from rmqstore.engine import batch as batch_module
-from rmqstore.engine.append import PutResult, prepare
-from rmqstore.engine.batch import MessageBatch
+from rmqstore.engine.message_batch import MessageBatch
+from rmqstore.engine.prepare import prepare
+from rmqstore.engine.results import PutResult
 from rmqstore.engine.store import MessageStore
 from rmqstore.files.config import StoreConfig
 from rmqstore.format import layout as L
@@ -141,7 +142,7 @@ def test_vectorised_batch_writes_encode_record_bytes(tmp_path, version):
             for m in msgs:  # one host width per batch, or it goes the general way
                 m.born_host = Host(bytes(len(msgs[0].born_host.address)), m.born_host.port)
                 m.store_host = Host(bytes(len(msgs[0].store_host.address)), m.store_host.port)
-            results = a.put_batch_message(msgs, stamp)
+            results = batch_module.put_messages(a, msgs, stamp)
             assume(results is not None)
             for m, r in zip(msgs, results):
                 assert _written(store, r) == _expected(m, r, cfg)
