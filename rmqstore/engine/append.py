@@ -34,7 +34,7 @@ from ..format.rules import NO_QUEUE_OFFSET_BIT, advances_queue_offset, java_leng
 from .prepare import Prepared
 from .results import Appended, PutResult, PutStatus, put_ok
 
-_PWRITE_MIN = 64 * 1024  # bytes from which _place writes with pwrite, not the mapping
+_PWRITE_MIN = 64 * 1024  # bytes from which place() writes with pwrite, not the mapping
 #: Segment bytes allocated at a time ahead of the write position: a store through the
 #: map into an unallocated page on a full disk is a SIGBUS, an allocation that fails is
 #: an error before any byte changes. One posix_fallocate per 16 MiB costs nothing a put.
@@ -96,10 +96,10 @@ class CommitLogAppender:
         # Fast single-put path (put_message): what prepare() works out per topic and per
         # host width, computed once.
         self._v5 = config.broker_version != "4.9"
-        self._trailing = config.trailing_separator
-        self._max_body = config.max_message_size
+        self.trailing = config.trailing_separator
+        self.max_body = config.max_message_size
         # A record up to this size passes both size checks of prepare().
-        self._max_total = min(config.max_message_size + 65536,
+        self.max_total = min(config.max_message_size + 65536,
                               self.size - L.END_FILE_MIN_BLANK_LENGTH)
         self._topics: dict[str, tuple[int, bytes, int]] = {}
         self._msg_id_prefix: dict = {}
@@ -196,7 +196,7 @@ class CommitLogAppender:
         return pack_head(p.key, p.total, p.magic, p.crc, p.sys_flag, m, queue_offset, phys,
                          store_ts, len(m.body or b"")) + p.tail
 
-    def _place(self, data, n: int) -> int:
+    def place(self, data, n: int) -> int:
         """Write ``n`` bytes at ``end``, TOTALSIZE of the first record last."""
         pos = self.end - self._seg.start
         buf = self._buf
@@ -220,7 +220,7 @@ class CommitLogAppender:
         key, qoff, advance = self._next_queue_offset(p)
         phys = self.end
         data = self._encode(p, phys, qoff, store_ts)
-        self._place(data, p.total)
+        self.place(data, p.total)
         if advance:
             self.queue_offsets[key] = qoff + 1
         self.last_store_timestamp = store_ts
@@ -260,7 +260,7 @@ class CommitLogAppender:
             self.last_store_timestamp = ts
         data = b"".join(chunks)
         try:
-            self._place(data, len(data))
+            self.place(data, len(data))
         except BaseException:
             for key, v in before.items():
                 if v is None:
@@ -274,7 +274,7 @@ class CommitLogAppender:
     def append_encoded(self, data, total: int, count: int, last_store_timestamp: int) -> int:
         """Place ``total`` bytes of ready records (the vectorised batch path) that were
         encoded for PHYSICALOFFSET :meth:`reserve` returned. Caller holds the lock."""
-        self._place(data, total)
+        self.place(data, total)
         self.last_store_timestamp = last_store_timestamp
         return count
 
@@ -336,7 +336,7 @@ class CommitLogAppender:
                     text = "\x02".join(map(_NAME_VALUE, props.items()))  # all str: C speed
                 except TypeError:  # a None (skipped) or non-str value
                     text = "\x02".join([f"{k}\x01{v}" for k, v in props.items() if v is not None])
-                if text and self._trailing:
+                if text and self.trailing:
                     text += "\x02"
             else:
                 text = ""
@@ -350,7 +350,7 @@ class CommitLogAppender:
         body = msg.body or b""
         blen = len(body)
         # <= 16383 bytes: neither 4.9's 32767-char rule nor the 32767-byte rule applies.
-        if plen > 16383 or blen > self._max_body:
+        if plen > 16383 or blen > self.max_body:
             return None
         born, store = msg.born_host, msg.store_host
         hosts = self._hosts
@@ -358,7 +358,7 @@ class CommitLogAppender:
             hosts = self._hosts_entry(born, store)
         _, _, fixed, st, host_bits, prefix = hosts
         total = fixed + blen + tlen + plen
-        if total > self._max_total:
+        if total > self.max_total:
             return None
         sys_flag = (msg.sys_flag & _NOT_HOST_BITS) | host_bits
         crc = _crc32(body) & BODY_CRC_MASK
@@ -405,16 +405,34 @@ class CommitLogAppender:
             lock.release()
         return put_ok(end, total, qoff, ts, prefix)
 
-    def _hosts_entry(self, born, store) -> tuple:
-        """(born host, store host, fixed-part size, its struct, host sysFlag bits, msgId
-        prefix) for a host pair, kept as :attr:`_hosts` for the next put: most messages
-        carry the same two Host objects, which put_message then recognises by identity."""
-        fixed, st, host_bits = self._fixed[(len(born[0]) == 16) + 2 * (len(store[0]) == 16)]
+    # --- what the vectorised batches (rmqstore.engine.batch) build records with ----------
+
+    def topic_entry(self, topic: str):
+        """(magic, TOPICLENGTH field + topic bytes, their length + PROPERTIESLENGTH's) for
+        a message of ``topic``, or None when prepare() would refuse the topic (cached)."""
+        return self._topics.get(topic) or self._topic_entry(topic)
+
+    def host_layout(self, k: int) -> tuple:
+        """(fixed-part size, its numpy dtype, host sysFlag bits) for host widths
+        ``k`` = born v6 + 2 * store v6 (``layout.RECORD_FIXED_DTYPE``)."""
+        fixed, _, host_bits = self._fixed[k]
+        return fixed, self._batch_dtypes[k], host_bits
+
+    def msg_id_prefix(self, store) -> str:
+        """The offsetMsgId prefix (store host) of ``store`` (cached)."""
         prefix = self._msg_id_prefix.get(store)
         if prefix is None:
             prefix = offset_msg_id_prefix(store)
             if len(self._msg_id_prefix) < 1024:
                 self._msg_id_prefix[store] = prefix
+        return prefix
+
+    def _hosts_entry(self, born, store) -> tuple:
+        """(born host, store host, fixed-part size, its struct, host sysFlag bits, msgId
+        prefix) for a host pair, kept as :attr:`_hosts` for the next put: most messages
+        carry the same two Host objects, which put_message then recognises by identity."""
+        fixed, st, host_bits = self._fixed[(len(born[0]) == 16) + 2 * (len(store[0]) == 16)]
+        prefix = self.msg_id_prefix(store)
         self._hosts = hosts = (born, store, fixed, st, host_bits, prefix)
         return hosts
 

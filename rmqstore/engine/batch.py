@@ -94,21 +94,20 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
         return _fallback(store, batch, stamp)
     blocks = {}
     for t in distinct:
-        entry = a._topics.get(t) or a._topic_entry(t)
+        entry = a.topic_entry(t)
         if entry is None or entry[0] != L.MAGIC_V1:
             return _fallback(store, batch, stamp)
         blocks[t] = entry[1]
     born, st_host = batch.born_host, batch.store_host
     k = (len(born[0]) == 16) + 2 * (len(st_host[0]) == 16)
-    fixed, _, host_bits = a._fixed[k]
-    dtype = a._batch_dtypes[k]
+    fixed, dtype, host_bits = a.host_layout(k)
     bodies = batch.bodies
     try:
         blens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
     except TypeError:  # a None body is an empty one
         bodies = [b if b is not None else b"" for b in bodies]
         blens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
-    if int(blens.max()) > a._max_body:
+    if int(blens.max()) > a.max_body:
         return _fallback(store, batch, stamp)
     if single:
         tblocks, topic_codes, topics = [blocks[topic]], None, None
@@ -120,13 +119,13 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
         tcode = {t: i for i, t in enumerate(tnames)}
         topic_codes = np.fromiter(map(tcode.__getitem__, topics), dtype=np.int64, count=n)
         tlens = np.array([len(b) for b in tblocks], dtype=np.int64)[topic_codes]
-    enc = encode_properties(batch, n, a._trailing, tblocks, topic_codes)
+    enc = encode_properties(batch, n, a.trailing, tblocks, topic_codes)
     if enc is None:
         return _fallback(store, batch, stamp)
     pieces, plens, cols_info, texts = enc
     totals = fixed + blens + tlens + 2 + plens
     total = int(totals.sum())
-    if int(totals.max()) > a._max_total or total + L.END_FILE_MIN_BLANK_LENGTH > a.size:
+    if int(totals.max()) > a.max_total or total + L.END_FILE_MIN_BLANK_LENGTH > a.size:
         return _fallback(store, batch, stamp)
     # --- the fixed fields -------------------------------------------------------------------
     crcs = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n)
@@ -238,7 +237,7 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
         hdr["physical_offset"] = phys
         heads = hdr.view(f"V{fixed}").tolist()
         data = b"".join(itertools.chain.from_iterable(zip(heads, bodies, *pieces)))
-        a._place(data, total)
+        a.place(data, total)
         for key, b, u in zip(keys, base[:nk].tolist(), used.tolist()):  # once written
             if u:
                 counters[key] = b + u
@@ -256,7 +255,7 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
         ts_list = itertools.repeat(store_ts, n)
     else:
         ts_list = store_ts.tolist()
-    prefix = a._msg_id_prefix.get(st_host) or offset_msg_id_prefix(st_host)
+    prefix = a.msg_id_prefix(st_host)
     results = PutResults(phys, totals, qoffs, ts_list, itertools.repeat(prefix, n))
     if store._sync_flush and not store.flusher.wait_flushed(results.end):
         for r in results:
@@ -302,7 +301,7 @@ def put_messages(a, msgs: Sequence[Message], stamp: bool, record_many=None):
     distinct = set(topics)
     blocks = {}
     for t in distinct:
-        entry = a._topics.get(t) or a._topic_entry(t)
+        entry = a.topic_entry(t)
         if entry is None or entry[0] != _MAGIC_V1:
             return None
         blocks[t] = entry[1]
@@ -312,20 +311,19 @@ def put_messages(a, msgs: Sequence[Message], stamp: bool, record_many=None):
     if len(born6) != 1 or len(store6) != 1:
         return None
     k = born6.pop() + 2 * store6.pop()
-    fixed, _, host_bits = a._fixed[k]
-    dtype = a._batch_dtypes[k]
+    fixed, dtype, host_bits = a.host_layout(k)
     # Properties text, as prepare() makes it.
     if texts.count(None) == n:
         try:
             texts = ["\x02".join(map(_NAME_VALUE, p.items())) if p else "" for p in props]
         except TypeError:  # a None (skipped) or non-str value somewhere
             texts = [_props_text(p, False) for p in props]
-        if a._trailing:
+        if a.trailing:
             texts = [t + "\x02" if t else t for t in texts]
         parsed = props
     else:
         # Some messages carry their stored text: dispatch parses the texts (prepare()).
-        texts = [_props_text(p, a._trailing) if t is None else t for t, p in zip(texts, props)]
+        texts = [_props_text(p, a.trailing) if t is None else t for t, p in zip(texts, props)]
         parsed = None
     try:
         props_b = list(map(str.encode, texts))
@@ -335,7 +333,7 @@ def put_messages(a, msgs: Sequence[Message], stamp: bool, record_many=None):
         bodies = [b or b"" for b in bodies]
     plens = np.fromiter(map(len, props_b), dtype=np.int64, count=n)
     blens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
-    if int(plens.max()) > FAST_PROPS_MAX or int(blens.max()) > a._max_body:
+    if int(plens.max()) > FAST_PROPS_MAX or int(blens.max()) > a.max_body:
         return None
     if len(distinct) == 1:
         tblock = blocks[topics[0]]
@@ -346,7 +344,7 @@ def put_messages(a, msgs: Sequence[Message], stamp: bool, record_many=None):
         tlens = np.fromiter(map(len, tblocks), dtype=np.int64, count=n)
     totals = fixed + blens + tlens + 2 + plens
     total = int(totals.sum())
-    if int(totals.max()) > a._max_total or total + L.END_FILE_MIN_BLANK_LENGTH > a.size:
+    if int(totals.max()) > a.max_total or total + L.END_FILE_MIN_BLANK_LENGTH > a.size:
         return None  # prepare() refuses a record, or the batch cannot fit a segment
     crcs = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n) & BODY_CRC_MASK
     sys_arr = (np.array(sys_flags, dtype=np.int64) & ~_HOST_BITS) | host_bits
@@ -408,7 +406,7 @@ def put_messages(a, msgs: Sequence[Message], stamp: bool, record_many=None):
         hdr["physical_offset"] = phys
         heads = hdr.view(f"V{fixed}").tolist()
         data = b"".join(itertools.chain.from_iterable(zip(heads, bodies, tblocks, plen_b, props_b)))
-        a._place(data, total)
+        a.place(data, total)
         for key, b, u in zip(keys, base.tolist(), used.tolist()):  # once written
             if u:
                 counters[key] = b + u
@@ -421,7 +419,7 @@ def put_messages(a, msgs: Sequence[Message], stamp: bool, record_many=None):
             except StoreIOError as e:
                 a.dispatch_failed(e)
     if len(store_set) == 1:
-        prefix = a._msg_id_prefix.get(store_hosts[0]) or offset_msg_id_prefix(store_hosts[0])
+        prefix = a.msg_id_prefix(store_hosts[0])
         prefixes = itertools.repeat(prefix, n)
     else:
         prefixes = [offset_msg_id_prefix(h) for h in store_hosts]
