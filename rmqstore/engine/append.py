@@ -30,8 +30,8 @@ from ..format import layout as L
 from ..format.crc import BODY_CRC_MASK
 from ..format.message import Message, offset_msg_id, offset_msg_id_prefix
 from ..format.record import pack_head, topic_field
-from ..format.rules import NO_QUEUE_OFFSET_BIT, advances_queue_offset, java_length, magic_for
-from .prepare import Prepared
+from ..format.rules import NO_QUEUE_OFFSET_BIT, advances_queue_offset, magic_for
+from .prepare import FAST_PROPS_MAX, Prepared, topic_length_refusal
 from .results import Appended, PutResult, PutStatus, put_ok
 
 _PWRITE_MIN = 64 * 1024  # bytes from which place() writes with pwrite, not the mapping
@@ -45,10 +45,11 @@ _TOTAL_SIZE = L.RECORD_TOTAL_SIZE_STRUCT
 _PROPS_LEN = L.RECORD_PROPERTIES_LENGTH_STRUCT
 # PROPERTIESLENGTH fields of the lengths the single put takes (< 16 KiB), each packed on
 # first use: a list index is cheaper than a pack call per put.
-_PROPS_LEN_BYTES: list = [None] * 16384
+_PROPS_LEN_BYTES: list = [None] * (FAST_PROPS_MAX + 1)
 _NOT_HOST_BITS = ~(L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6)
 _crc32 = zlib.crc32
 _MAGIC_V1 = L.MAGIC_V1
+_BLANK = L.END_FILE_MIN_BLANK_LENGTH
 _NAME_VALUE = L.PROPERTY_NAME_VALUE_SEPARATOR.join
 
 
@@ -291,13 +292,7 @@ class CommitLogAppender:
         PROPERTIESLENGTH field) for a message of ``topic`` (magic v1 unless the topic
         needs v2), or None when prepare() would refuse the topic."""
         topic_b = topic.encode("utf-8", "replace")
-        jlen = java_length(topic)
-        if not self._v5:
-            if jlen > 127:
-                return None
-        elif len(topic_b) > 255 or (len(topic_b) > 127 and not topic.startswith("%RETRY%")):
-            return None
-        if topic_problem(topic) is not None:
+        if topic_length_refusal(topic, topic_b, self._v5) or topic_problem(topic) is not None:
             return None
         magic = magic_for(topic, auto=self._v5)
         tblock = topic_field(topic_b, magic)
@@ -349,8 +344,7 @@ class CommitLogAppender:
         plen = len(props_b)
         body = msg.body or b""
         blen = len(body)
-        # <= 16383 bytes: neither 4.9's 32767-char rule nor the 32767-byte rule applies.
-        if plen > 16383 or blen > self.max_body:
+        if plen > FAST_PROPS_MAX or blen > self.max_body:  # prepare() measures those
             return None
         born, store = msg.born_host, msg.store_host
         hosts = self._hosts
@@ -373,7 +367,7 @@ class CommitLogAppender:
         lock.acquire()
         try:
             end = self.end
-            if end + total + 8 > self._alloc_end:  # no allocated room for it and a BLANK
+            if end + total + _BLANK > self._alloc_end:  # no allocated room for it and a BLANK
                 self._make_room(total)
                 end = self.end
             if sys_flag & NO_QUEUE_OFFSET_BIT:  # rules.advances_queue_offset, inline

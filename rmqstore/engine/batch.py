@@ -46,8 +46,9 @@ from ..format.message import Message, offset_msg_id_prefix, serialize_properties
 from ..format.rules import SCHEDULE_TOPIC, advances_queue_offset
 from .append import now_ms
 from .batch_dispatch import WrittenColumns
-from .batch_properties import FAST_PROPS_MAX, encode_properties
+from .batch_properties import encode_properties
 from .message_batch import MessageBatch, is_scalar
+from .prepare import FAST_PROPS_MAX
 from .results import PutResults, PutStatus
 
 _PROPS_LEN = L.RECORD_PROPERTIES_LENGTH_STRUCT

@@ -16,11 +16,11 @@ import numpy as np
 
 from ..format import layout as L
 from ..format.message import serialize_properties
+from .prepare import FAST_PROPS_MAX
 
 _PROPS_LEN = L.RECORD_PROPERTIES_LENGTH_STRUCT
 _SEP = L.PROPERTY_SEPARATOR
 _NV = L.PROPERTY_NAME_VALUE_SEPARATOR
-FAST_PROPS_MAX = 16383  # below this neither §3.6 properties rule can apply
 
 
 def _template(properties: Mapping[str, Any], trailing: bool):

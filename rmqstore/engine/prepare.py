@@ -18,6 +18,22 @@ from .results import PutResult, PutStatus
 
 _HOST_BITS = L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6
 _SHORT_MAX = 32767
+#: Properties up to this many UTF-8 bytes pass both §3.6 properties rules (4.9's 32767
+#: Java characters, the 32767-byte PROPERTIESLENGTH) without measuring: the fast paths'
+#: limit; longer ones take prepare().
+FAST_PROPS_MAX = 16383
+
+
+def topic_length_refusal(topic: str, topic_b: bytes, v5: bool) -> str | None:
+    """Why the topic's length is refused (spec §3.6), or None. 4.9's DefaultMessageStore
+    counts Java characters (127); the 5.x broker hook counts UTF-8 bytes: 127, or 255
+    for %RETRY% topics (§3.2)."""
+    if not v5:
+        if java_length(topic) > 127:
+            return "topic is longer than 127 characters"
+    elif len(topic_b) > 255 or (len(topic_b) > 127 and not topic.startswith("%RETRY%")):
+        return "topic is too long"
+    return None
 
 
 @dataclass(slots=True)
@@ -41,16 +57,12 @@ def prepare(msg: Message, config: StoreConfig) -> Prepared | PutResult:
     topic = msg.topic
     topic_b = topic.encode("utf-8", "replace")
     text = msg.properties_text
-    if not v5:
-        # 4.9's DefaultMessageStore checks Java lengths first, both as MESSAGE_ILLEGAL.
-        if java_length(topic) > 127:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="topic is longer than 127 characters")
-        if msg.magic == L.MAGIC_V2:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="magic v2 is unknown to a 4.9 store")
-    else:
-        # 5.x broker hook: topic byte limits; %RETRY% topics may go up to 255 (§3.2).
-        if len(topic_b) > 255 or (len(topic_b) > 127 and not topic.startswith("%RETRY%")):
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="topic is too long")
+    why = topic_length_refusal(topic, topic_b, v5)
+    if why is not None:
+        return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=why)
+    if not v5 and msg.magic == L.MAGIC_V2:
+        # 4.9's DefaultMessageStore checks Java lengths, then the magic: MESSAGE_ILLEGAL.
+        return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="magic v2 is unknown to a 4.9 store")
     why = topic_problem(topic)
     if why is not None:
         # The topic becomes consumequeue/{topic}/ (spec §6.1): it must be one safe name.

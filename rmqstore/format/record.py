@@ -16,6 +16,7 @@ from .message import Host, Message, parse_properties, serialize_properties
 
 
 _PROPS_LEN = L.RECORD_PROPERTIES_LENGTH_STRUCT
+_SYS_FLAG, _SYS_FLAG_AT = L.HEAD_FIELD_STRUCT["sys_flag"], L.OFFSET_OF["sys_flag"]
 
 #: What :func:`chain_step` finds where a walk along the TOTALSIZE chain arrives.
 CHAIN_VERDICTS = ("record", "end", "short", "blank", "zeros", "bad magic", "bad size")
@@ -133,11 +134,12 @@ def decode_record(buf, pos: int = 0, *, limit: int | None = None, path=None,
         raise bad(f"bad magic 0x{magic & 0xFFFFFFFF:08X}")
     if total <= 0 or total > end - pos:
         raise bad(f"record size {total} does not fit the {end - pos} bytes left")
-    sys_flag = int.from_bytes(buf[pos + 36:pos + 40], "big", signed=True)
+    sys_flag, = _SYS_FLAG.unpack_from(buf, pos + _SYS_FLAG_AT)
     key = (bool(sys_flag & L.SYSFLAG_BORNHOST_V6), bool(sys_flag & L.SYSFLAG_STOREHOST_V6))
     fixed = L.RECORD_FIXED_SIZE[key]
-    if total < fixed + 3:
-        raise bad(f"record size {total} is below the {fixed + 3}-byte minimum")
+    least = L.record_size(sys_flag, L.MAGIC_V1, 0, 0, 0)
+    if total < least:
+        raise bad(f"record size {total} is below the {least}-byte minimum")
     (_, _, crc, queue_id, flag, queue_offset, physical_offset, _, born_ts, born_addr,
      born_port, store_ts, store_addr, store_port, reconsume, prepared,
      body_len) = L.RECORD_FIXED_STRUCT[key].unpack_from(buf, pos)
@@ -148,17 +150,17 @@ def decode_record(buf, pos: int = 0, *, limit: int | None = None, path=None,
         raise bad(f"body length {body_len} runs past the record end")
     body = bytes(buf[p:p + blen])
     p += blen
-    tsize = 2 if magic == L.MAGIC_V2 else 1
+    tsize = L.TOPIC_LENGTH_SIZE[magic]
     if p + tsize > stop:
         raise bad("topic length runs past the record end")
     tlen = int.from_bytes(buf[p:p + tsize], "big", signed=True)
     p += tsize
-    if tlen < 0 or p + tlen + 2 > stop:
+    if tlen < 0 or p + tlen + _PROPS_LEN.size > stop:
         raise bad(f"topic length {tlen} runs past the record end")
     topic = bytes(buf[p:p + tlen]).decode("utf-8", "replace")
     p += tlen
-    plen = int.from_bytes(buf[p:p + 2], "big", signed=True)
-    p += 2
+    plen, = _PROPS_LEN.unpack_from(buf, p)
+    p += _PROPS_LEN.size
     plen = max(plen, 0)
     if p + plen != stop:
         raise bad(f"lengths add up to {p + plen - pos} bytes but the record says {total}")
