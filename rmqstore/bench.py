@@ -3,8 +3,9 @@ and reports messages, bytes and seconds (the median of several runs).
 
 The data comes from :func:`make_store`, a vectorised store writer: one record per
 (topic, queue) is encoded with :func:`rmqstore.format.record.encode_record` as a template, and
-numpy copies the templates into whole segments and patches the fields that differ per
-message (QUEUEOFFSET, PHYSICALOFFSET, the timestamps and the digits of the KEYS token).
+numpy copies the templates into whole segments; the fields that differ per message
+(QUEUEOFFSET, PHYSICALOFFSET, the timestamps) are set with the format's vector form,
+:func:`rmqstore.format.record.set_head_field`, and the digits of the KEYS token patched.
 Records are therefore all one size, which makes the segment layout arithmetic (how many
 fit before the BLANK, spec §4) a division. ConsumeQueues and IndexFiles are built with the
 bulk writers, in CommitLog order, so they hold the bytes dispatch would write (a test
@@ -13,7 +14,7 @@ compares them with :meth:`rmqstore.engine.dispatch.Dispatcher.dispatch_log`).
 Timed calls, and where they come from when the owning module offers a bench hook:
 
 ==============  =============================================================
-append          :func:`rmqstore.engine.append.bench_append` (put to clean close)
+append          :func:`rmqstore.bench_append.run_append` (put to clean close)
 scan            ``rmqstore.stats.commitlog_stats`` (``segment_partials`` before it)
 verify          ``rmqstore.recovery.verify.bench_verify`` when present, else skipped
 rebuild         ``rmqstore.recovery.rebuild.bench_rebuild`` when present, else
@@ -44,7 +45,7 @@ import numpy as np
 
 from .format import layout as L
 from .format.message import Host, Message
-from .format.record import encode_record
+from .format.record import encode_record, set_head_field
 from .format.hashing import index_abs_many, java_hash
 
 MB = 1024 * 1024
@@ -149,17 +150,9 @@ def _templates(topics: int, queues: int, body_size: int) -> tuple[np.ndarray, di
             rows.append(encode_record(m))
     size = len(rows[0])
     assert all(len(r) == size for r in rows)
-    offs = L.RECORD_FIXED_OFFSETS[False, False]
     marker = ("KEYS\x01" + _key(0)).encode()
     key_at = rows[0].rfind(marker) + len(marker) - KEY_DIGITS
-    where = {"queue_offset": offs["queue_offset"][0], "physical_offset": offs["physical_offset"][0],
-             "born_timestamp": offs["born_timestamp"][0], "store_timestamp": offs["store_timestamp"][0],
-             "key": key_at}
-    return np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), size), where, size
-
-
-def _put_i64(block: np.ndarray, at: int, values: np.ndarray) -> None:
-    block[:, at:at + 8] = values.astype(">i8").view(np.uint8).reshape(-1, 8)
+    return np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), size), key_at, size
 
 
 def _digits(i: np.ndarray) -> np.ndarray:
@@ -167,17 +160,17 @@ def _digits(i: np.ndarray) -> np.ndarray:
     return ((i[:, None] // powers) % 10 + ord("0")).astype(np.uint8)
 
 
-def _fill(block: np.ndarray, templates: np.ndarray, where: dict, first: int, phys0: int,
+def _fill(block: np.ndarray, templates: np.ndarray, key_at: int, first: int, phys0: int,
           rsize: int) -> None:
     n = len(block)
     i = np.arange(first, first + n, dtype=np.int64)
     j = len(templates)
     np.take(templates, i % j, axis=0, out=block)
-    _put_i64(block, where["queue_offset"], i // j)
-    _put_i64(block, where["physical_offset"], phys0 + np.arange(n, dtype=np.int64) * rsize)
-    _put_i64(block, where["born_timestamp"], BENCH_EPOCH_MS + i)
-    _put_i64(block, where["store_timestamp"], BENCH_EPOCH_MS + i)
-    block[:, where["key"]:where["key"] + KEY_DIGITS] = _digits(i)
+    set_head_field(block, "queue_offset", i // j)
+    set_head_field(block, "physical_offset", phys0 + np.arange(n, dtype=np.int64) * rsize)
+    set_head_field(block, "born_timestamp", BENCH_EPOCH_MS + i)
+    set_head_field(block, "store_timestamp", BENCH_EPOCH_MS + i)
+    block[:, key_at:key_at + KEY_DIGITS] = _digits(i)  # the KEYS token's digits
 
 
 def write_commitlog(root: str | os.PathLike, size_bytes: int, *, body_size: int = 100,
@@ -191,7 +184,7 @@ def write_commitlog(root: str | os.PathLike, size_bytes: int, *, body_size: int 
     root = Path(root)
     cl = root / "commitlog"
     cl.mkdir(parents=True, exist_ok=True)
-    templates, where, rsize = _templates(topics, queues, body_size)
+    templates, key_at, rsize = _templates(topics, queues, body_size)
     per_segment = (segment_size - L.END_FILE_MIN_BLANK_LENGTH) // rsize
     if per_segment < 1:
         raise ValueError(f"a {rsize}-byte record does not fit a {segment_size}-byte segment")
@@ -206,7 +199,7 @@ def write_commitlog(root: str | os.PathLike, size_bytes: int, *, body_size: int 
             while k < n_here:
                 m = min(chunk_records, n_here - k)
                 block = buf[:m]
-                _fill(block, templates, where, done + k, seg_start + k * rsize, rsize)
+                _fill(block, templates, key_at, done + k, seg_start + k * rsize, rsize)
                 f.write(block.data)
                 k += m
             if n_here == per_segment and done + n_here < total:
@@ -327,7 +320,7 @@ def _segment_size(opts: BenchOptions) -> int:
 
 
 def bench_append(opts: BenchOptions) -> BenchResult:
-    from .engine.append import bench_append as run, bench_messages
+    from .bench_append import bench_messages, run_append as run
 
     modes = {"single": {}, "batch": {"batch": 1000}, "columns": {"batch": 1000, "columns": True},
              "sync": {"flush_disk_type": "SYNC_FLUSH", "threads": 4}}

@@ -1,4 +1,4 @@
-"""The fast put paths (single put_message, vectorised put_batch_message, dispatch_record,
+"""The fast put paths (single put_message, vectorised batch.put_messages, dispatch_record,
 dispatch_columns) write exactly the bytes of the general path (prepare + append /
 append_batch + dispatch), which the fixture tests tie to RocketMQ."""
 
@@ -10,6 +10,7 @@ import random
 import pytest
 
 from rmqstore.format import layout as L
+from rmqstore.engine import batch
 from rmqstore.engine.append import CommitLogAppender
 from rmqstore.format.rules import SCHEDULE_TOPIC
 from rmqstore.format.message import Host, Message
@@ -58,7 +59,7 @@ def _write(root, cfg, groups, slow: bool, monkeypatch):
     with monkeypatch.context() as mp:
         if slow:
             mp.setattr(CommitLogAppender, "put_message", lambda self, *a, **k: None)
-            mp.setattr(CommitLogAppender, "put_batch_message", lambda self, *a, **k: None)
+            mp.setattr(batch, "put_messages", lambda *a, **k: None)
         out = []
         with MessageStore.open(root, cfg, create=True, clock=lambda: 1700000000000) as st:
             for g in groups:

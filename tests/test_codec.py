@@ -10,7 +10,7 @@ from rmqstore.format.message import (Host, Message, properties_need_text, decode
                                      offset_msg_id, parse_properties, serialize_properties,
                                      split_keys)
 from rmqstore.format.crc import body_crc
-from rmqstore.format.record import decode_record, encode_record
+from rmqstore.format.record import decode_record, encode_record, set_head_field
 from rmqstore.format.hashing import index_hash, index_hash_many, java_hash, java_hash_many
 from rmqstore.format.rules import parse_delay_levels, tags_code
 from rmqstore.errors import InputError, RecordError
@@ -63,6 +63,47 @@ def test_long_topic_gets_v2():
     raw = encode_record(m)
     assert int.from_bytes(raw[4:8], "big", signed=True) == L.MAGIC_V2
     assert decode_record(raw).topic == m.topic
+
+
+@pytest.mark.parametrize("topic,magic,tlen_width", [
+    ("t" * 127, L.MAGIC_V1, 1), ("t" * 128, L.MAGIC_V2, 2),
+    ("é" * 64, L.MAGIC_V1, 1),  # 128 UTF-8 bytes but 64 Java characters: v1 (spec §3.1)
+    ("😀" * 64, L.MAGIC_V2, 2),  # 64 Python characters, 128 Java (UTF-16) characters: v2
+])
+def test_encoded_magic_follows_the_java_length_of_the_topic(topic, magic, tlen_width):
+    raw = encode_record(Message(topic=topic))
+    topic_b = topic.encode()
+    assert int.from_bytes(raw[4:8], "big", signed=True) == magic
+    # The topic length field sits before the topic, as wide as the magic says.
+    at = raw.index(topic_b)
+    assert int.from_bytes(raw[at - tlen_width:at], "big") == len(topic_b)
+    assert raw[at - tlen_width - 4:at - tlen_width] == bytes(4)  # BODYLENGTH 0 before it
+
+
+@pytest.mark.parametrize("v6", [False, True])
+def test_set_head_field_is_encode_record_with_that_field(v6):
+    """The vector field setter the bench generators use gives the bytes encode_record
+    gives the message with those fields, for rows of one size and for starts in a blob."""
+    import dataclasses
+    import numpy as np
+    host = Host.parse("[2001:db8::1]:10911" if v6 else "10.0.0.1:10911")
+    msgs = [Message(topic="T", body=b"x" * k, properties={"KEYS": "k"}, store_host=host,
+                    born_host=host) for k in (3, 3, 7)]
+    vals = {"queue_offset": [5, 2**40, 7], "physical_offset": [0, 99, 2**50],
+            "store_timestamp": [1, 2, 3], "flag": [-1, 0, 2**31 - 1]}
+    want = [encode_record(dataclasses.replace(
+        m, queue_offset=vals["queue_offset"][i], commit_log_offset=vals["physical_offset"][i],
+        store_timestamp=vals["store_timestamp"][i], flag=vals["flag"][i]))
+        for i, m in enumerate(msgs)]
+    raw = [encode_record(m) for m in msgs]
+    rows = np.frombuffer(b"".join(raw[:2]), np.uint8).reshape(2, -1).copy()
+    blob = np.frombuffer(b"".join(raw), np.uint8).copy()
+    starts = np.cumsum([0] + [len(r) for r in raw[:-1]])
+    for name, v in vals.items():
+        set_head_field(rows, name, np.array(v[:2]), key=(v6, v6))
+        set_head_field(blob, name, np.array(v), starts, key=(v6, v6))
+    assert rows.tobytes() == b"".join(want[:2])
+    assert blob.tobytes() == b"".join(want)
 
 
 def test_offset_msg_id_vectors():
@@ -191,7 +232,7 @@ def test_every_hash_form_gives_the_spec_12_1_values():
     MIN_VALUE keys (H7, H8) included, not against one another."""
     import numpy as np
 
-    from rmqstore.engine.batch import _token_hashes
+    from rmqstore.engine.batch_dispatch import _token_hashes
     from rmqstore.format.hashing import (index_abs, index_abs_many, index_hash_from, index_hashes,
                                          prefix_hash, span_hash, token_hash, token_hashes)
 

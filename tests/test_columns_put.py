@@ -17,7 +17,8 @@ from rmqstore.format import layout as L
 from rmqstore.format.rules import SCHEDULE_TOPIC
 from rmqstore.format.message import Host
 from rmqstore.format.hashing import index_hash
-from rmqstore.engine.batch import MessageBatch, _token_hashes, put_index_hashes
+from rmqstore.engine.batch_dispatch import _token_hashes, put_index_hashes
+from rmqstore.engine.message_batch import MessageBatch
 from rmqstore.files.config import StoreConfig
 from rmqstore.files.index import IndexGeometry
 from rmqstore.files.index_service import IndexService

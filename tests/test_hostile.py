@@ -22,7 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from rmqstore.engine.append import PutStatus
+from rmqstore.engine.results import PutStatus
 from rmqstore.files.checkpoint import abort_exists
 from rmqstore.format.message import Message
 from rmqstore.files.config import StoreConfig

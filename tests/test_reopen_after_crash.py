@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, copy_store
-from rmqstore.engine.append import clear_unfinished_append
+from rmqstore.engine.unfinished_append import clear_unfinished_append
 from rmqstore.files.checkpoint import read_checkpoint
 from rmqstore.format.message import Message
 from rmqstore.files.config import StoreConfig, load_config

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rmqstore.format import rules as R
+from rmqstore.format import layout as L, rules as R
 
 # (SYSFLAG transaction bits, name, gets a ConsumeQueue unit and a queue offset, puts keys)
 SPEC = [(0x0, "NOT_TYPE", True, True), (0x4, "PREPARED", False, True),
@@ -56,3 +56,31 @@ def test_tags_code_is_the_tags_hash_or_the_delivery_time():
     assert R.tags_code("T", {"TAGS": "polygenelubricants"}, 5) == -(2**31)
     assert R.tags_code("T", {"DELAY": "3"}, 1000) == 0
     assert R.tags_code(R.SCHEDULE_TOPIC, {"DELAY": "3", "TAGS": "x"}, 1000) == 11_000
+
+
+# --- magic (spec §3.1; RocketMQ 5.x CommitLog#asyncPutMessage: topic String.length() > 127) ---
+
+@pytest.mark.parametrize("topic,java_len", [
+    ("t" * 127, 127), ("t" * 128, 128),
+    ("é" * 100, 100),  # 200 UTF-8 bytes, 100 Java chars
+    ("😀" * 64, 128),  # 64 Python chars, 256 UTF-8 bytes, 128 UTF-16 code units
+    ("😀" * 63 + "a", 127),
+])
+def test_java_length_counts_utf16_code_units(topic, java_len):
+    assert R.java_length(topic) == java_len
+
+
+def test_magic_v2_exactly_above_127_java_characters():
+    assert R.magic_for("t" * 127) == L.MAGIC_V1
+    assert R.magic_for("t" * 128) == L.MAGIC_V2
+    # UTF-8 length 200 > 127, Java length 100: v1 (the UTF-8 rule would say v2).
+    assert R.magic_for("é" * 100) == L.MAGIC_V1
+    # Java length 128 from 64 astral characters: v2 (a Python-len rule would say v1).
+    assert R.magic_for("😀" * 64) == L.MAGIC_V2
+    assert R.magic_for("😀" * 63 + "a") == L.MAGIC_V1
+
+
+def test_magic_asked_for_or_rule_off():
+    assert R.magic_for("T", L.MAGIC_V2) == L.MAGIC_V2  # the message asks for v2
+    assert R.magic_for("t" * 200, auto=False) == L.MAGIC_V1  # 4.9: no auto rule
+    assert R.magic_for("t" * 200, L.MAGIC_V2, auto=False) == L.MAGIC_V2

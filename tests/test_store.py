@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from rmqstore.format import layout as L
-from rmqstore.engine.append import PutStatus
+from rmqstore.engine.results import PutStatus
 from rmqstore.format.message import Host, Message
 from rmqstore.files.commitlog import CommitLog
 from rmqstore.files.config import StoreConfig

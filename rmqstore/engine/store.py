@@ -26,12 +26,17 @@ from typing import Sequence
 
 from ..files import checkpoint as ckpt
 from ..format import layout as L
-from .append import (Appended, CommitLogAppender, PutResult, PutStatus, clear_unfinished_append,
-                     prepare)
+from . import batch
+from .append import CommitLogAppender
+from .prepare import prepare
+from .results import Appended, PutResult, PutStatus
+from .unfinished_append import clear_unfinished_append
 from ..format.message import Message, parse_properties
 from ..files.commitlog import Check, CommitLog, ScanEnd
 from ..files.config import StoreConfig, load_config
+from .batch_dispatch import dispatch_columns
 from .dispatch import DEFER_BYTES, BackgroundDispatcher, Dispatcher
+from .message_batch import MessageBatch
 from ..errors import NotAStoreError, OffsetError, RecordError, RefusedError, StoreIOError
 from .flush import FlushService, TransientPool
 from ..files.index import IndexGeometry
@@ -218,9 +223,8 @@ class MessageStore:
         else:
             self._record = self._record_many = None
         # The columnar batch (rmqstore.engine.batch): dispatch from the columns.
-        from . import batch as columns_put
         if dispatch == "sync":
-            self._columns_record = lambda c: columns_put.dispatch_columns(self.dispatcher, c)
+            self._columns_record = lambda c: dispatch_columns(self.dispatcher, c)
         elif dispatch == "background":
             self._columns_record = lambda c: self.background.submit(c.appended())
         else:
@@ -242,7 +246,7 @@ class MessageStore:
         * CRC-valid records after the end that the reopen would delete (segments wholly
           after it) or the next append overwrite (the rest of the end segment), unless
           they are the unfinished append of a writer of ours that died (zeros at the end,
-          after a crash: :func:`~rmqstore.engine.append.clear_unfinished_append`);
+          after a crash: :func:`~rmqstore.engine.unfinished_append.clear_unfinished_append`);
         * IndexFiles this geometry cannot open.
         """
         from ..scan.survivors import find_survivors
@@ -380,7 +384,7 @@ class MessageStore:
 
     def _put_batch(self, msgs: Sequence[Message], stamp: bool) -> list[PutResult]:
         if len(msgs) > 1:
-            results = self.appender.put_batch_message(msgs, stamp, self._record_many)
+            results = batch.put_messages(self.appender, msgs, stamp, self._record_many)
             if results is not None:
                 if self._sync_flush and not self.flusher.wait_flushed(results.end):
                     for r in results:
@@ -406,18 +410,17 @@ class MessageStore:
         self._wait_flush(results, True)
         return results
 
-    def put_columns(self, batch=None, /, *, stamp: bool = False, **columns):
+    def put_columns(self, columns_batch=None, /, *, stamp: bool = False, **columns):
         """:meth:`put_batch` for a batch given as columns: a
-        :class:`~rmqstore.engine.batch.MessageBatch`, or its fields as keywords (``topic``,
+        :class:`~rmqstore.engine.message_batch.MessageBatch`, or its fields as keywords (``topic``,
         ``bodies``, ``queue_ids``, ``properties``, ...). Same bytes, results and dispatch
         as ``put_batch(batch.messages())``, without a Message object per message."""
-        from .batch import MessageBatch, put_columns
-        if batch is None:
-            batch = MessageBatch(**columns)
+        if columns_batch is None:
+            columns_batch = MessageBatch(**columns)
         elif columns:
             raise TypeError("give a MessageBatch or keyword columns, not both")
         try:
-            return put_columns(self, batch, stamp=stamp)
+            return batch.put_columns(self, columns_batch, stamp=stamp)
         except StoreIOError as e:
             self._failed(e)
             raise

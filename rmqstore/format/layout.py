@@ -136,8 +136,8 @@ def record_size(sys_flag: int, magic: int, body_len: int, topic_len: int,
     """TOTALSIZE as the broker's ``calMsgLength`` computes it (spec §3.1)."""
     fixed = RECORD_FIXED_SIZE[bool(sys_flag & SYSFLAG_BORNHOST_V6),
                               bool(sys_flag & SYSFLAG_STOREHOST_V6)]
-    return (fixed + max(body_len, 0) + (2 if magic == MAGIC_V2 else 1) + topic_len
-            + 2 + max(properties_len, 0))
+    return (fixed + max(body_len, 0) + TOPIC_LENGTH_SIZE[magic] + topic_len
+            + PROPERTIES_LENGTH_SIZE + max(properties_len, 0))
 
 
 #: The 8 bytes a writer puts at a segment's end when the next record does not fit (§4).
@@ -281,9 +281,6 @@ RECORD_FIXED_SIZE = {k: v.sizeof() for k, v in RECORD_FIXED.items()}
 RECORD_FIXED_STRUCT = {k: derive_struct(v) for k, v in RECORD_FIXED.items()}
 RECORD_FIXED_DTYPE = {k: derive_dtype(v) for k, v in RECORD_FIXED.items()}
 RECORD_FIXED_FIELDS = {k: derive_fields(v) for k, v in RECORD_FIXED.items()}
-#: The smallest record (spec §3.1): IPv4 hosts, no body, 1-byte topic length, no topic,
-#: no properties. A TOTALSIZE below it cannot start a record.
-MIN_RECORD_SIZE = record_size(0, MAGIC_V1, 0, 0, 0)
 
 
 
@@ -311,6 +308,15 @@ def _record_field(name: str) -> Construct:
 RECORD_TOTAL_SIZE_STRUCT = derive_struct(Struct(_record_field("total_size")))
 RECORD_PROPERTIES_LENGTH_STRUCT = derive_struct(Struct(_record_field("properties_length")))
 RECORD_HEAD_SIZE = RecordHead.sizeof()
+PROPERTIES_LENGTH_SIZE = RECORD_PROPERTIES_LENGTH_STRUCT.size
+# The schema's topic_length is Renamed(Rebuild(IfThenElse(magic == v2, i16, i8))).
+_TOPIC_LENGTH = _record_field("topic_length").subcon.subcon
+#: Width of the TOPICLENGTH field by magic: 1 byte for v1, 2 for v2 (spec §3.1).
+TOPIC_LENGTH_SIZE = {MAGIC_V1: _TOPIC_LENGTH.elsesubcon.sizeof(),
+                     MAGIC_V2: _TOPIC_LENGTH.thensubcon.sizeof()}
+#: The smallest record (spec §3.1): IPv4 hosts, no body, 1-byte topic length, no topic,
+#: no properties. A TOTALSIZE below it cannot start a record.
+MIN_RECORD_SIZE = record_size(0, MAGIC_V1, 0, 0, 0)
 BLANK_STRUCT = derive_struct(Struct("total_size" / Int32sb, "magic" / Int32sb))
 
 #: By store-host width (is it IPv6?): the offsetMsgId's bytes, their struct and dtype,

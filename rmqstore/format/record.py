@@ -6,11 +6,17 @@ tested against.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import RecordError
 from . import layout as L
 from .crc import body_crc
+from .rules import magic_for
 from .message import Host, Message, parse_properties, serialize_properties
 
+
+_PROPS_LEN = L.RECORD_PROPERTIES_LENGTH_STRUCT
+_SYS_FLAG, _SYS_FLAG_AT = L.HEAD_FIELD_STRUCT["sys_flag"], L.OFFSET_OF["sys_flag"]
 
 #: What :func:`chain_step` finds where a walk along the TOTALSIZE chain arrives.
 CHAIN_VERDICTS = ("record", "end", "short", "blank", "zeros", "bad magic", "bad size")
@@ -117,11 +123,43 @@ def _host_bits(born: Host, store: Host) -> int:
     return (L.SYSFLAG_BORNHOST_V6 if born.is_v6 else 0) | (L.SYSFLAG_STOREHOST_V6 if store.is_v6 else 0)
 
 
-def encode_record(msg: Message, *, trailing_separator: bool = False) -> bytes:
+# The encoder in two halves, so a writer can make the variable part outside its append
+# lock and the fixed part (which holds the offsets the lock assigns) under it:
+# record = pack_head(...) + record_tail(...). The bulk forms (the engine's columnar put,
+# the fast single put) build the same bytes from the same layout-derived structs and are
+# tested against encode_record.
+
+
+def topic_field(topic_b: bytes, magic: int) -> bytes:
+    """TOPICLENGTH (as wide as ``magic`` says) and the topic's bytes (spec §3.1)."""
+    return len(topic_b).to_bytes(L.TOPIC_LENGTH_SIZE[magic], "big") + topic_b
+
+
+def record_tail(body: bytes, topic_block: bytes, props_b: bytes) -> bytes:
+    """Everything after BODYLENGTH: body, :func:`topic_field`, PROPERTIESLENGTH and the
+    properties text."""
+    return b"".join((body, topic_block, _PROPS_LEN.pack(len(props_b)), props_b))
+
+
+def pack_head(key: tuple[bool, bool], total: int, magic: int, crc: int, sys_flag: int,
+              msg: Message, queue_offset: int, physical_offset: int, store_timestamp: int,
+              body_length: int) -> bytes:
+    """The fixed part (fields 1..14 and BODYLENGTH) for host widths ``key`` (born v6,
+    store v6): the other fields come from ``msg``."""
+    born, store = msg.born_host, msg.store_host
+    return L.RECORD_FIXED_STRUCT[key].pack(
+        total, magic, crc, msg.queue_id, msg.flag, queue_offset, physical_offset, sys_flag,
+        msg.born_timestamp, born.address, born.port, store_timestamp, store.address,
+        store.port, msg.reconsume_times, msg.prepared_transaction_offset, body_length)
+
+
+def encode_record(msg: Message, *, trailing_separator: bool = False, auto: bool = True) -> bytes:
     """Record bytes for ``msg`` exactly as the broker lays them out (spec §3.1).
 
     The host bits of SYSFLAG follow the host widths; TOTALSIZE, the lengths and BODYCRC
-    are computed. QUEUEOFFSET and PHYSICALOFFSET are taken from the message as they are.
+    are computed. QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP are taken from the
+    message as they are. The magic is :func:`~rmqstore.format.rules.magic_for` the topic
+    (``auto``: the 5.x rule for topics over 127 Java characters; off for a 4.9 store).
     """
     sys_flag = (msg.sys_flag & ~(L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6)) | _host_bits(
         msg.born_host, msg.store_host)
@@ -130,18 +168,29 @@ def encode_record(msg: Message, *, trailing_separator: bool = False) -> bytes:
     if text is None:
         text = serialize_properties(msg.properties, trailing_separator)
     props = text.encode("utf-8", "replace")
-    magic = msg.magic
-    if len(topic) > 127 or magic == L.MAGIC_V2:
-        magic = L.MAGIC_V2
+    magic = magic_for(msg.topic, msg.magic, auto=auto)
+    body = msg.body
+    total = L.record_size(sys_flag, magic, len(body), len(topic), len(props))
     key = (msg.born_host.is_v6, msg.store_host.is_v6)
-    total = L.RECORD_FIXED_SIZE[key] + len(msg.body) + (2 if magic == L.MAGIC_V2 else 1) + len(topic) + 2 + len(props)
-    head = L.RECORD_FIXED_STRUCT[key].pack(
-        total, magic, body_crc(msg.body), msg.queue_id, msg.flag, msg.queue_offset,
-        msg.commit_log_offset, sys_flag, msg.born_timestamp, msg.born_host.address,
-        msg.born_host.port, msg.store_timestamp, msg.store_host.address, msg.store_host.port,
-        msg.reconsume_times, msg.prepared_transaction_offset, len(msg.body))
-    tlen = len(topic).to_bytes(2 if magic == L.MAGIC_V2 else 1, "big")
-    return b"".join((head, msg.body, tlen, topic, len(props).to_bytes(2, "big"), props))
+    head = pack_head(key, total, magic, body_crc(body), sys_flag, msg, msg.queue_offset,
+                     msg.commit_log_offset, msg.store_timestamp, len(body))
+    return head + record_tail(body, topic_field(topic, magic), props)
+
+
+def set_head_field(records: np.ndarray, name: str, values, starts=None,
+                   key: tuple[bool, bool] = (False, False)) -> None:
+    """Set fixed field ``name`` (a :data:`~rmqstore.format.layout.RECORD_FIXED` field such
+    as ``queue_offset``) of many encoded records at once, the vector form of
+    :func:`pack_head` for one field: ``records`` is a uint8 array, 2-D with one record
+    per row, or 1-D with the records starting at ``starts``; ``values`` one per record.
+    ``key`` (born v6, store v6) says which fixed layout the records have."""
+    off, width = L.RECORD_FIXED_OFFSETS[key][name]
+    raw = np.asarray(values).astype(L.RECORD_FIXED_DTYPE[key].fields[name][0])
+    raw = raw.view(np.uint8).reshape(-1, width)
+    if starts is None:
+        records[:, off:off + width] = raw
+    else:
+        records[np.asarray(starts)[:, None] + (off + np.arange(width))] = raw
 
 
 def decode_record(buf, pos: int = 0, *, limit: int | None = None, path=None,
@@ -165,11 +214,12 @@ def decode_record(buf, pos: int = 0, *, limit: int | None = None, path=None,
         raise bad(f"bad magic 0x{magic & 0xFFFFFFFF:08X}")
     if total <= 0 or total > end - pos:
         raise bad(f"record size {total} does not fit the {end - pos} bytes left")
-    sys_flag = int.from_bytes(buf[pos + 36:pos + 40], "big", signed=True)
+    sys_flag, = _SYS_FLAG.unpack_from(buf, pos + _SYS_FLAG_AT)
     key = (bool(sys_flag & L.SYSFLAG_BORNHOST_V6), bool(sys_flag & L.SYSFLAG_STOREHOST_V6))
     fixed = L.RECORD_FIXED_SIZE[key]
-    if total < fixed + 3:
-        raise bad(f"record size {total} is below the {fixed + 3}-byte minimum")
+    least = L.record_size(sys_flag, L.MAGIC_V1, 0, 0, 0)
+    if total < least:
+        raise bad(f"record size {total} is below the {least}-byte minimum")
     (_, _, crc, queue_id, flag, queue_offset, physical_offset, _, born_ts, born_addr,
      born_port, store_ts, store_addr, store_port, reconsume, prepared,
      body_len) = L.RECORD_FIXED_STRUCT[key].unpack_from(buf, pos)
@@ -180,17 +230,17 @@ def decode_record(buf, pos: int = 0, *, limit: int | None = None, path=None,
         raise bad(f"body length {body_len} runs past the record end")
     body = bytes(buf[p:p + blen])
     p += blen
-    tsize = 2 if magic == L.MAGIC_V2 else 1
+    tsize = L.TOPIC_LENGTH_SIZE[magic]
     if p + tsize > stop:
         raise bad("topic length runs past the record end")
     tlen = int.from_bytes(buf[p:p + tsize], "big", signed=True)
     p += tsize
-    if tlen < 0 or p + tlen + 2 > stop:
+    if tlen < 0 or p + tlen + _PROPS_LEN.size > stop:
         raise bad(f"topic length {tlen} runs past the record end")
     topic = bytes(buf[p:p + tlen]).decode("utf-8", "replace")
     p += tlen
-    plen = int.from_bytes(buf[p:p + 2], "big", signed=True)
-    p += 2
+    plen, = _PROPS_LEN.unpack_from(buf, p)
+    p += _PROPS_LEN.size
     plen = max(plen, 0)
     if p + plen != stop:
         raise bad(f"lengths add up to {p + plen - pos} bytes but the record says {total}")

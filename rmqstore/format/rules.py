@@ -4,7 +4,8 @@ Which records take a queue offset (:func:`advances_queue_offset`, spec §3.2) an
 ConsumeQueue unit (:func:`gets_cq_unit`, §6.1), which put index keys and which keys
 (:func:`gets_index_keys`, :func:`index_keys`, §7.3), and the unit's tagsCode
 (:func:`tags_code`: the TAGS hash, or the delivery time for SCHEDULE_TOPIC_XXXX, §6.1)
-with the delay levels it reads. The transaction rules take an int or a numpy array alike.
+with the delay levels it reads, and which magic a record is written with
+(:func:`magic_for`, §3.1). The transaction rules take an int or a numpy array alike.
 Where bodies failing their CRC end valid data: the broker's rule (:func:`broker_end`) and
 rmqstore's (:func:`rmqstore_end`, spec §10.5), side by side.
 """
@@ -23,6 +24,27 @@ from .message import split_keys
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def java_length(s: str) -> int:
+    """Java ``String.length()``: UTF-16 code units (a character outside the BMP counts 2)."""
+    if s.isascii():
+        return len(s)
+    return len(s.encode("utf-16-le", "surrogatepass")) // 2
+
+
+#: Topics longer than this (Java length) get magic v2 under the 5.x auto rule (§3.1).
+V1_TOPIC_MAX = 127
+
+
+def magic_for(topic: str, magic: int = L.MAGIC_V1, *, auto: bool = True) -> int:
+    """The magic a record of ``topic`` is written with (spec §3.1): v2 when the message
+    asks for it, or when ``auto`` (RocketMQ 5.1+'s ``autoMessageVersionOnTopicLen``, on by
+    default) and the topic's Java ``String.length()`` is over 127; v1 otherwise. The
+    rule counts UTF-16 code units, not UTF-8 bytes (``CommitLog#asyncPutMessage`` @5.x)."""
+    if magic == L.MAGIC_V2 or (auto and java_length(topic) > V1_TOPIC_MAX):
+        return L.MAGIC_V2
+    return L.MAGIC_V1
 
 
 def parse_delay_levels(text: str = DEFAULT_DELAY_LEVELS) -> tuple[int, ...]:

@@ -1,7 +1,8 @@
 """Measuring the Spark export against one plain process (for ``rmqstore bench``).
 
 :func:`generate_commitlog` writes a synthetic but valid CommitLog quickly (a block of
-encoded records tiled with patched PHYSICALOFFSET / QUEUEOFFSET / STORETIMESTAMP);
+records made by :func:`~rmqstore.format.record.encode_record`, tiled, with PHYSICALOFFSET /
+QUEUEOFFSET / STORETIMESTAMP set by the format's vector form ``set_head_field``);
 :func:`bench_spark_export` times the same export with :func:`output.export_local` in one
 process and with the Spark job, on a warm session (start-up is reported apart).
 """
@@ -20,7 +21,7 @@ import numpy as np
 
 from ..format import layout as L
 from ..format.message import Host, Message
-from ..format.record import encode_record
+from ..format.record import encode_record, set_head_field
 
 
 def generate_commitlog(root: str | os.PathLike, total_bytes: int, *, segment_size: int = 1 << 30,
@@ -60,12 +61,10 @@ def generate_commitlog(root: str | os.PathLike, total_bytes: int, *, segment_siz
         rec_pos = (starts[None, :] + (np.arange(n_blocks) * len(block))[:, None]).reshape(-1)
         k = np.tile(keys, n_blocks)
         qo = qbase[k] + np.tile(rank, n_blocks) + np.repeat(np.arange(n_blocks), len(keys)) * per_key[k]
-        for name, values in (("physical_offset", rec_pos + seg), ("queue_offset", qo)):
-            at = rec_pos[:, None] + L.OFFSET_OF[name] + np.arange(8)
-            data[at] = values.astype(">i8").view(np.uint8).reshape(-1, 8)
-        ts_at = L.RECORD_FIXED_OFFSETS[False, False]["store_timestamp"][0]
-        ts = 1700000000000 + np.arange(len(rec_pos)) // 1000
-        data[rec_pos[:, None] + ts_at + np.arange(8)] = ts.astype(">i8").view(np.uint8).reshape(-1, 8)
+        set_head_field(data, "physical_offset", rec_pos + seg, rec_pos)
+        set_head_field(data, "queue_offset", qo, rec_pos)
+        set_head_field(data, "store_timestamp", 1700000000000 + np.arange(len(rec_pos)) // 1000,
+                       rec_pos)
         qbase += per_key * n_blocks
         buf[:len(data)] = data
         if len(data) + 8 <= segment_size:  # spec §4: BLANK to the end of the segment
