@@ -81,11 +81,9 @@ def verify(
     jsonl, csv and tsv: one row per finding; json: the summary and the findings.
 
     Exit 0: clean (only notes); 1: problems found; 2: not a usable store."""
-    from rmqstore.files.storekind import refuse_operation
     from rmqstore.recovery.verify import verify as run
 
     cfg = _config(store, config)
-    refuse_operation(cfg, "verify")  # a DLedger store: never "ok, 0 messages" (design-14 §1.10)
     cb, ctx = _progress("verify")
     with ctx:
         report = run(cfg.root, deep=deep, config=cfg, progress=cb)

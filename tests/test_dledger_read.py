@@ -296,6 +296,19 @@ def test_verify_and_writes_refuse_naming_dledger_and_change_nothing(name, tmp_pa
     assert tree_hashes(store) == before
 
 
+@pytest.mark.parametrize("name", folders())
+def test_the_library_verify_refuses_a_dledger_store_too(name):
+    """`import rmqstore` callers get the command's refusal, not findings about a missing
+    commitlog/ that a script could take for a verdict on the store."""
+    from rmqstore.errors import UnsupportedStoreError
+    from rmqstore.recovery.verify import verify
+
+    before = tree_hashes(FOLDERS[name])
+    with pytest.raises(UnsupportedStoreError, match="DLedger CommitLog.*not supported on it yet"):
+        verify(FOLDERS[name])
+    assert tree_hashes(FOLDERS[name]) == before
+
+
 # --- damage: never silently wrong ------------------------------------------------------------
 
 

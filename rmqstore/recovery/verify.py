@@ -266,6 +266,7 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
            check_crc: bool = True, processes: int | None = None,
            progress: Callable[[int, int], None] | None = None) -> VerifyReport:
     """Check the store at ``root`` and return every finding. Read-only."""
+    from ..files.storekind import refuse_operation
     from ..scan.per_queue import dispatched
     from ..scan.runner import scan_commitlog
     from .verify_cq import check_consume_queues
@@ -279,6 +280,8 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
         raise NotAStoreError("not a RocketMQ store root (no commitlog, consumequeue, index "
                              "or checkpoint)", root)
     cfg = config or load_config(root)
+    # A DLedger store: one clear refusal, never "ok, 0 messages" (design-14 §1.10).
+    refuse_operation(cfg, "verify")
     c = Collector(root)
     for d in cfg.features:  # never a silent "ok" on what is not checked
         c.add("store-feature", None, None, d.message, feature=d.feature.key)
