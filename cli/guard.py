@@ -8,7 +8,8 @@ catch. The parent only waits: the child keeps stdin, stdout, stderr and the term
 process group, so pipes, ``| head``, Ctrl-C and Ctrl-Z behave as before. A signal sent to
 the parent by another process (``kill``, ``timeout``) is passed on to the child; one
 from the terminal reached the child already. The parent ends the way the child ended:
-the same exit status, or the same signal (SIGBUS excepted). The child dies with the
+the same exit status, or the same signal (SIGBUS excepted, and SIGINT: a child that
+died of it gets the command's "interrupted" line and exit 130). The child dies with the
 parent (a ``kill -9`` of rmqstore stops the command, on Linux). ``RMQSTORE_NO_FORK=1``
 runs the command in the first process, for debuggers.
 """
@@ -91,6 +92,16 @@ def supervise() -> None:
         except OSError:
             pass
         os._exit(EXIT_UNUSABLE)
+    if sig == signal.SIGINT:
+        # Ctrl-C that landed where the command could not turn it into its one line (a
+        # KeyboardInterrupt outside the error handler, seen once under load): say what the
+        # command says and exit as it does, so the outcome never depends on the timing.
+        try:
+            sys.stderr.write("rmqstore: interrupted\n")
+            sys.stderr.flush()
+        except OSError:
+            pass
+        os._exit(130)
     # Die of the same signal, so a shell sees what it would have seen without the fork.
     try:
         signal.signal(sig, signal.SIG_DFL)
