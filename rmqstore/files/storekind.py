@@ -203,27 +203,14 @@ def detect_in_records(found: list[Detected], commit_log_dirs) -> list[Detected]:
 def _prop_crc_record(dirs) -> str | None:
     """The first record of the newest CommitLog segment that holds one, if its properties
     carry ``__CRC32#`` (spec §3.8): records written with enabledAppendPropCRC."""
-    from ..format.record import decode_record
     from .config import SEGMENT_NAME
 
-    segs = sorted((int(p.name), p) for d in dirs if Path(d).is_dir() for p in Path(d).iterdir()
-                  if SEGMENT_NAME.match(p.name))
-    for _, p in reversed(segs):
-        try:
-            with open_regular(p) as f:
-                head = f.read(8)
-                if len(head) < 8 or head[:4] == bytes(4):
-                    continue
-                size = int.from_bytes(head[:4], "big", signed=True)
-                if not 0 < size <= 64 << 20:
-                    return None
-                buf = head + f.read(size - 8)
-            msg = decode_record(buf, 0)
-        except Exception:  # noqa: BLE001 - unreadable or not a record: no evidence
-            return None
-        if "__CRC32#" in (msg.properties_text or ""):
-            return f"{p.parent.name}/{p.name}: records carry __CRC32#"
-        return None
+    segs = [p for _, p in sorted((int(p.name), p) for d in dirs if Path(d).is_dir()
+                                 for p in Path(d).iterdir() if SEGMENT_NAME.match(p.name))]
+    got = _newest_first_record(segs, 0)
+    if got is not None and "__CRC32#" in got[1]:
+        p = got[0]
+        return f"{p.parent.name}/{p.name}: records carry __CRC32#"
     return None
 
 
