@@ -34,6 +34,10 @@ REVIEWED = {
                                             "or our own interrupted append (store reopen)",
     ("create_segment_file", "ftruncate"): "sizes a new segment (a hole, §2)",
     ("create_segment_file", "replace"): "a new segment made under a temporary name",
+    ("_create_nameless", "ftruncate"): "sizes a new nameless segment before it is linked in",
+    ("SegmentQueue._remove_unfinished", "unlink"): "a writer's own '.NAME.new' left by a crash "
+                                                   "between sizing and renaming, only when "
+                                                   "every byte is zero (holds_no_data)",
     ("recover_unfinished", "unlink"): "an IndexFile put interrupted by our own writer",
     ("create_abort", "unlink"): "abort, a store state file (O_NOFOLLOW)",
     ("remove_abort", "unlink"): "abort, a store state file",

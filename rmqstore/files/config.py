@@ -270,6 +270,19 @@ def _same_dir(a: Path, b: Path) -> bool:
         return False
 
 
+def config_for(root: str | os.PathLike, config: "StoreConfig | None" = None,
+               conf: str | os.PathLike | None = None) -> "StoreConfig":
+    """The settings a library call on the store at ``root`` uses: ``config`` rooted at
+    ``root`` (the store argument is the root, as on the command line; a config made for
+    another root would read that root's CommitLog beside this root's queues), or those
+    :func:`load_config` finds for ``root``."""
+    if config is None:
+        return load_config(root, conf)
+    if _same_dir(config.root, Path(root)):
+        return config
+    return config.with_values(store_path_root_dir=str(root))
+
+
 def commitlog_location(root: Path, configured: str | None,
                        props: dict[str, str] | None = None) -> tuple[str | None, list[str], list[str]]:
     """Where the CommitLog of the store at ``root`` is, as (``storePathCommitLog`` value to

@@ -8,8 +8,11 @@ files with ``ACCESS_READ``; nothing here writes unless the queue was opened writ
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import mmap
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -108,6 +111,8 @@ class SegmentQueue:
         for d in self.dirs:
             # The directory itself may be a link to another disk; nothing inside is followed.
             for e in entries(d):
+                if self.writable and self._remove_unfinished(e):
+                    continue
                 odd = odd_entry(e)
                 if odd is not None:
                     self.problems.append(SegmentProblem(odd[0], str(e.path), None, odd[1]))
@@ -139,6 +144,20 @@ class SegmentQueue:
                     "gap", str(p), start,
                     f"previous segment {prev.path.name} ends at {prev.end}, this one starts at {start}"))
             self.segments.append(Segment(p, start, size, self.segment_size, self.writable))
+
+    def _remove_unfinished(self, e) -> bool:
+        # A segment a crashed writer sized under its hidden name and never renamed
+        # (create_segment_file's fallback). The broker's loader would take it for a
+        # segment; a writer removes it when it is a regular file holding only zeros.
+        if e.kind != "file" or not _UNFINISHED.match(e.name) or not holds_no_data(e.path):
+            return False
+        try:
+            e.path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        return True
 
     # --- lookup --------------------------------------------------------------------------
 
@@ -238,11 +257,16 @@ OS_PAGE_SIZE = 4096
 def create_segment_file(path: Path | str, size: int) -> None:
     """A new segment of ``size`` zero bytes. The broker extends a new file by mapping it,
     which leaves it sparse; ``ftruncate`` gives the same bytes (spec §2). A new file is
-    sized under a hidden name and then renamed, so a concurrent listing never sees it
-    with fewer than ``size`` bytes."""
+    sized before it gets its name, so neither a concurrent listing nor a crash ever
+    leaves a short segment or a stray file behind: it is made nameless (``O_TMPFILE``)
+    and linked in whole. Where the file system has no nameless files it is sized under
+    the hidden name :func:`unfinished_name` and renamed, and a writer that finds such a
+    leftover (a crash between the two steps) removes it (:meth:`SegmentQueue._load`)."""
     path = Path(path)
     if not path.exists():
-        tmp = path.with_name(f".{path.name}.new")
+        if _create_nameless(path, size):
+            return
+        tmp = path.with_name(unfinished_name(path.name))
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, size)
@@ -254,6 +278,101 @@ def create_segment_file(path: Path | str, size: int) -> None:
     try:
         if os.fstat(fd).st_size != size:
             os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+def unfinished_name(name: str) -> str:
+    """The hidden name a segment is sized under where nameless files are not available."""
+    return f".{name}.new"
+
+
+_UNFINISHED = re.compile(r"^\.(\d{20})\.new$")
+# Errors that mean "this file system (or kernel) has no O_TMPFILE": use the rename.
+_NO_TMPFILE = {errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT, errno.EPERM}
+
+
+def _create_nameless(path: Path, size: int) -> bool:
+    """Size a nameless file in ``path``'s directory and link it in as ``path``; False
+    when this kernel or file system cannot, so the caller uses the rename."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag:
+        return False
+    try:
+        fd = os.open(path.parent, flag | os.O_RDWR, 0o644)
+    except OSError as e:
+        if e.errno in _NO_TMPFILE:
+            return False
+        raise
+    try:
+        os.ftruncate(fd, size)
+        linked = _link_fd(fd, path)
+    finally:
+        os.close(fd)
+    return linked and path.exists()
+
+
+_AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000
+
+
+def _link_fd(fd: int, path: Path) -> bool:
+    # Two spellings of linkat for an O_TMPFILE file (open(2)): through /proc/self/fd
+    # with AT_SYMLINK_FOLLOW, and AT_EMPTY_PATH on the descriptor itself. Some
+    # sandboxes refuse the first (EXDEV), older kernels the second without privileges.
+    try:
+        os.link(f"/proc/self/fd/{fd}", path)
+        return True
+    except FileExistsError:
+        return True  # someone named it first: the caller's next open sizes that file
+    except OSError as e:
+        if e.errno not in _NO_TMPFILE and e.errno != errno.EXDEV:
+            raise
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.linkat(fd, b"", _AT_FDCWD, os.fsencode(path), _AT_EMPTY_PATH) == 0:
+            return True
+        err = ctypes.get_errno()
+    except (OSError, AttributeError):
+        return False
+    if err == errno.EEXIST:
+        return True
+    if err in _NO_TMPFILE or err in (errno.EXDEV, errno.ENOSYS):
+        return False
+    raise OSError(err, os.strerror(err), str(path))
+
+
+def holds_no_data(path: Path) -> bool:
+    """True when every byte of the file is zero (a hole or written zeros), so removing it
+    loses nothing. Holes are skipped with SEEK_DATA; data regions are read in chunks."""
+    chunk = 1 << 20
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        pos = 0
+        while pos < size:
+            try:
+                pos = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno == errno.ENXIO:
+                    return True  # only holes from here to the end
+                raise
+            try:
+                end = os.lseek(fd, pos, os.SEEK_HOLE)
+            except OSError:
+                end = size
+            while pos < end:
+                data = os.pread(fd, min(chunk, end - pos), pos)
+                if not data:
+                    return True
+                if data.count(0) != len(data):
+                    return False
+                pos += len(data)
+        return True
+    except OSError:
+        return False
     finally:
         os.close(fd)
 

@@ -39,7 +39,7 @@ import numpy as np
 from ..files import checkpoint as ckpt
 from ..format import layout as L
 from ..format.rules import gets_cq_unit
-from ..files.config import StoreConfig, load_config
+from ..files.config import StoreConfig, config_for
 from ..files.consumequeue import UNIT, ConsumeQueue, list_queues
 from ..files.consumequeue_writer import ConsumeQueueWriter, build_consume_queue
 from ..errors import NotAStoreError, RmqStoreError, StoreIOError, UnsafePathError
@@ -204,7 +204,7 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
     root = Path(root)
     if not (root / "commitlog").is_dir() and config is None:
         raise NotAStoreError("not a RocketMQ store root (no commitlog/)", root)
-    cfg = config or load_config(root)
+    cfg = config_for(root, config)
     from ..files.storekind import require_writable
 
     for op, wanted in (("rebuild --consumequeue", consume_queue), ("rebuild --index", index)):

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from ..errors import RefusedError, RmqStoreError, StoreIOError
 from ..files import checkpoint as ckpt
-from ..files.config import StoreConfig, load_config
+from ..files.config import StoreConfig, config_for, load_config
 from .repair_plan import RepairPlan, plan_repair
 from .repair_steps import Step
 
@@ -152,7 +152,7 @@ def repair(root: str | os.PathLike, *, dry_run: bool = False, backup_dir: str | 
     t0 = time.perf_counter()
     root = Path(root).resolve()
     if dry_run:
-        cfg = config or load_config(root, conf)
+        cfg = config_for(root, config, conf)
         plan = plan or plan_repair(root, config=cfg, processes=processes, backup=backup)
         return RepairResult(plan, False, None, time.perf_counter() - t0,
                             resumed=find_interrupted(root))
@@ -162,7 +162,7 @@ def repair(root: str | os.PathLike, *, dry_run: bool = False, backup_dir: str | 
     with ckpt.hold_lock(root):
         # Planned under the lock, so no broker can change the store in between.
         resumed = resume(root, progress=progress)
-        cfg = config or load_config(root, conf)
+        cfg = config_for(root, config, conf)
         if config is not None and resumed is not None and resumed.outcome == "undone":
             cfg = _reload(root, config)
         plan = plan_repair(root, config=cfg, processes=processes, backup=backup)

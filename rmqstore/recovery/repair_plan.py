@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import RefusedError
 from ..files import checkpoint as ckpt
-from ..files.config import StoreConfig, load_config
+from ..files.config import StoreConfig, config_for
 from ..files.index import _list_index_files
 from ..files.listing import offset_name
 from .guard import refused_error
@@ -61,7 +61,7 @@ def plan_repair(root: str | os.PathLike, *, config: StoreConfig | None = None,
     from ..files.storekind import require_writable
 
     root = Path(root)
-    cfg = config or load_config(root)
+    cfg = config_for(root, config)
     require_writable(cfg, "repair")  # a plan from guessed geometry would destroy data
     rep = report or verify(root, config=cfg, processes=processes)
     steps: list[Step] = []

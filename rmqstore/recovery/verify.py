@@ -37,7 +37,7 @@ import numpy as np
 from ..files import checkpoint as ckpt
 from ..format import layout as L
 from ..files.commitlog import check_record
-from ..files.config import SEGMENT_NAME, StoreConfig, load_config
+from ..files.config import SEGMENT_NAME, StoreConfig, config_for
 from ..errors import NotAStoreError
 from ..files.listing import entries, odd_entry
 from ..scan.dispatch import StoreScan
@@ -279,7 +279,7 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
                                     ("commitlog", "consumequeue", "index", "checkpoint")):
         raise NotAStoreError("not a RocketMQ store root (no commitlog, consumequeue, index "
                              "or checkpoint)", root)
-    cfg = config or load_config(root)
+    cfg = config_for(root, config)
     # A DLedger store: one clear refusal, never "ok, 0 messages" (design-14 §1.10).
     refuse_operation(cfg, "verify")
     c = Collector(root)
