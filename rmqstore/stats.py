@@ -15,6 +15,7 @@ from typing import Iterable
 
 import numpy as np
 
+from .format.crc import prop_crc_tails
 from .format.rules import gets_cq_unit
 from .errors import RmqStoreError
 from .scan.records import RecordColumns
@@ -111,11 +112,6 @@ def _stats_task(split):
         return sc.boundary, queue_stats(sc.records)
 
 
-_CRC_KEY = b"__CRC32#"
-_CRC_TAIL = len(_CRC_KEY) + 1 + 10 + 1  # key 0x01 ten-digits 0x02, appended last (design-14 §6)
-_CRC_KEY_INT = int.from_bytes(_CRC_KEY, "big")
-
-
 def kind_counts(records: RecordColumns) -> dict[str, int]:
     """Counts of the record-level store-kind evidence (design-14 §8) in a run of records:
     magic v2, a trailing ``__CRC32#`` entry, inner batches (sysFlag 0x40|0x80)."""
@@ -128,13 +124,7 @@ def kind_counts(records: RecordColumns) -> dict[str, int]:
     out["v2"] = int((records.magic == L.MAGIC_V2).sum())
     inner = L.SYSFLAG_NEED_UNWRAP | L.SYSFLAG_INNER_BATCH
     out["innerBatch"] = int(((records.sys_flag & inner) == inner).sum())
-    tail = (records.pos + records.size - _CRC_TAIL)[records.size >= _CRC_TAIL]
-    u8 = records.u8
-    tail = tail[(tail >= 0) & (tail + len(_CRC_KEY) <= len(u8))]
-    if len(tail):  # one 8-byte compare per record: the key is exactly 8 bytes
-        words = np.ndarray(shape=(len(u8) - len(_CRC_KEY) + 1,), dtype=">u8", buffer=u8,
-                           offset=0, strides=(1,))
-        out["propCrc"] = int((words[tail] == _CRC_KEY_INT).sum())
+    out["propCrc"] = int(prop_crc_tails(records.u8, records.pos + records.size).sum())
     return out
 
 

@@ -65,6 +65,8 @@ _PROPERTY_FIELDS = {
     "regionId": "region_id",
     "traceOn": "trace_on",
     "brokerVersion": "broker_version",
+    "enabledAppendPropCRC": "enabled_append_prop_crc",
+    "forceVerifyPropCRC": "force_verify_prop_crc",
 }
 _FIELD_PROPERTIES = {v: k for k, v in _PROPERTY_FIELDS.items()}
 #: Dataclass field -> RocketMQ property name, for messages.
@@ -114,6 +116,10 @@ class StoreConfig:
     broker_cluster_name: str = "DefaultCluster"
     region_id: str = "DefaultRegion"
     trace_on: bool = True
+    #: 5.2+: records end in a __CRC32# property CRC (spec §3.8); the broker checks it on
+    #: recovery only when forced.
+    enabled_append_prop_crc: bool = False
+    force_verify_prop_crc: bool = False
     #: rmqstore's own setting: which broker's on-disk conventions a writer follows (§13).
     broker_version: str = "4.9"
     #: Where each geometry value came from: "default", "broker.conf", "option", "files: …".

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..errors import ConfigError, UnsupportedStoreError
+from ..format.crc import ends_in_prop_crc
 from .dledger_files import find_ledger_dirs
 from .listing import open_regular
 
@@ -58,8 +59,10 @@ FEATURES = {f.key: f for f in (
     Feature("cq-ext", "ConsumeQueue extensions", PARTIAL,
             _CQ_WRITES, "consumequeue_ext/ is not read; units that point into it carry an ext "
             "address as tagsCode"),
+    # verify checks every record's __CRC32# (recovery/verify_prop_crc); append does not
+    # write it yet.
     Feature("prop-crc", "full-record CRCs (enabledAppendPropCRC)", PARTIAL,
-            ("append",), "the __CRC32# property CRC is not checked"),
+            ("append",), reads_complete=True),
     Feature("timer", "the timer-message store", PARTIAL,
             ("repair",), "timerlog/ and timerwheel are not read or checked"),
     Feature("compaction", "compacted topics", PARTIAL,
@@ -82,7 +85,8 @@ class Detected:
                     "change yet; nothing was read")
         if f.reads_complete:
             return (f"the store uses {f.what} ({self.evidence}): reads are supported; "
-                    f"{_join(f.refuses)} refuse (not supported yet)")
+                    f"{_join(f.refuses)} " + ("refuses" if len(f.refuses) == 1 else "refuse")
+                    + " (not supported yet)")
         return (f"the store uses {f.what} ({self.evidence}), which rmqstore does not understand "
                 f"yet: {f.missed}; {_join(f.refuses)} " + ("refuses" if len(f.refuses) == 1 else "refuse"))
 
@@ -208,7 +212,7 @@ def _prop_crc_record(dirs) -> str | None:
     segs = [p for _, p in sorted((int(p.name), p) for d in dirs if Path(d).is_dir()
                                  for p in Path(d).iterdir() if SEGMENT_NAME.match(p.name))]
     got = _newest_first_record(segs, 0)
-    if got is not None and "__CRC32#" in got[1]:
+    if got is not None and ends_in_prop_crc(got[2]):
         p = got[0]
         return f"{p.parent.name}/{p.name}: records carry __CRC32#"
     return None
@@ -265,7 +269,6 @@ GEOMETRY_ALL = ("mapped_file_size_commit_log", "mapped_file_size_consume_queue",
 
 #: Record-level features a profile can name, in the order ``features`` lists them.
 RECORD_FEATURES = ("batch-cq", "lmq", "prop-crc", "v2-magic")
-_PROP_CRC_KEY = b"__CRC32#"
 
 
 @dataclass
@@ -446,7 +449,7 @@ def profile(root: str | os.PathLike, commit_log_dirs=None) -> StoreProfile:
             where = _shown(path.relative_to(root).as_posix())
         except ValueError:  # a storePathCommitLog elsewhere
             where = _shown(str(path))
-        if _PROP_CRC_KEY in buf[-(len(_PROP_CRC_KEY) + 12):]:
+        if ends_in_prop_crc(buf):
             why = f"{where}: the first record ends in a __CRC32# property (5.2+)"
             prof._feature("prop-crc", why)
             prof.five.append(why)
@@ -469,7 +472,7 @@ def profile_segment(path: str | os.PathLike) -> StoreProfile:
         prof.trailing = got[0].endswith("\x02")
         prof.evidence.append("properties keep the trailing 0x02 (<=4.9.0 or >=5.2)" if prof.trailing
                              else "properties have no trailing 0x02 (4.9.1 to 5.1)")
-        if _PROP_CRC_KEY in got[1][-(len(_PROP_CRC_KEY) + 12):]:
+        if ends_in_prop_crc(got[1]):
             prof._feature("prop-crc", "the first record ends in a __CRC32# property (5.2+)")
             prof.five.append("prop-crc")
     prof._decide()

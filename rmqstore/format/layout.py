@@ -155,6 +155,16 @@ BatchEntry = Struct(
     "properties" / Bytes(lambda ctx: max(ctx.properties_length, 0)),
 )
 
+#: The property a 5.2+ writer with ``enabledAppendPropCRC`` ends every record's
+#: properties with (spec §3.8): the CRC of the record before these bytes, as ten ASCII
+#: digits least significant first.
+PROP_CRC_NAME = b"__CRC32#"
+PropCrcEntry = Struct(
+    "name" / Const(PROP_CRC_NAME + PROPERTY_NAME_VALUE_SEPARATOR.encode()),
+    "digits" / Bytes(10),
+    "end" / Const(PROPERTY_SEPARATOR.encode()),
+)
+
 # --- ConsumeQueue (spec §6.1, §6.4) ------------------------------------------------------
 
 ConsumeQueueUnit = Struct(
@@ -343,6 +353,9 @@ INDEX_SLOT_STRUCT = derive_struct(IndexSlot)
 INDEX_ENTRY_SIZE = IndexEntry.sizeof()
 INDEX_ENTRY_STRUCT = derive_struct(IndexEntry)
 INDEX_ENTRY_DTYPE = derive_dtype(IndexEntry)
+
+PROP_CRC_ENTRY_SIZE = PropCrcEntry.sizeof()  # 20: the record's last bytes
+PROP_CRC_PREFIX = PropCrcEntry.subcons[0].value  # name and separator, before the digits
 
 CHECKPOINT_V4_STRUCT = derive_struct(Struct(*_CHECKPOINT_V4_FIELDS))
 CHECKPOINT_V5_STRUCT = derive_struct(Struct(*_CHECKPOINT_V5_FIELDS))

@@ -21,6 +21,10 @@ CODES = {
     "commitlog-unreachable": (ERROR, "segments after the end of valid data that hold data"),
     "commitlog-preallocated": (INFO, "an all-zero segment after the end (preallocated; the broker deletes it)"),
     "record-body-crc": (ERROR, "a record inside the log whose body fails its CRC"),
+    "prop-crc-mismatch": (WARNING, "a record whose __CRC32# property CRC does not match it "
+                                   "(an error with forceVerifyPropCRC: the broker cuts the log there)"),
+    "prop-crc-missing": (ERROR, "a record without __CRC32# where forceVerifyPropCRC makes the "
+                                "broker require one"),
     "record-physical-offset": (WARNING, "a record whose PHYSICALOFFSET differs from its position"),
     "stray-file": (ERROR, "a file where the broker expects only segment or index files"),
     "symlink": (ERROR, "a symbolic link below commitlog/, consumequeue/ or index/: never followed, moved or deleted"),

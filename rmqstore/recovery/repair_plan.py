@@ -21,6 +21,8 @@ from ..files import checkpoint as ckpt
 from ..files.config import StoreConfig, config_for
 from ..files.index import _list_index_files
 from ..files.listing import offset_name
+from ..format import layout as L
+from .findings import ERROR
 from .guard import refused_error
 from .repair_queues import QueuePlan, queue_of
 from .repair_refusals import refused_steps
@@ -147,6 +149,8 @@ def _without_guessed_geometry(root: Path, cfg, rep: VerifyReport, steps: list[St
 #: Problems repair leaves as they are, and why.
 _UNFIXED = {
     "record-physical-offset": "stale or copied records are kept as they are",
+    "prop-crc-missing": "adding a __CRC32# property would move every later record; run the "
+                        "broker without forceVerifyPropCRC to keep these messages",
     "cq-tags-mismatch": "a broker's recovery keeps existing units; `rmqstore rebuild "
                         "--consumequeue` rewrites them from the records",
     "store-locked": "repair refuses to run while the lock is held",
@@ -168,6 +172,13 @@ def _commitlog_steps(root: Path, cfg, rep: VerifyReport, by_code) -> list[Step]:
                           "BODYCRC to match the damaged body, so a broker keeps every later "
                           "message (this message's body stays damaged)", f.offset + 8, 4,
                           {"commitLogOffset": f.data.get("commitLogOffset")}))
+    for f in by_code.get("prop-crc-mismatch", []):
+        if f.severity == ERROR:  # forceVerifyPropCRC: the broker would cut the log here
+            steps.append(Step("fix-prop-crc", f.file, "the __CRC32# property CRC does not match "
+                              "the record: rewrite its digits so a broker with "
+                              "forceVerifyPropCRC keeps every later message (the record's "
+                              "bytes stay as they are)", f.offset, L.PROP_CRC_ENTRY_SIZE,
+                              {"commitLogOffset": f.data.get("commitLogOffset")}))
     for f in by_code.get("commitlog-segment", []):
         if f.offset is not None and f.offset < size and rep.scan is not None:
             p = root / f.file

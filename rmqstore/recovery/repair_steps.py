@@ -20,7 +20,7 @@ import numpy as np
 
 from ..files import checkpoint as ckpt
 from ..format import layout as L
-from ..format.crc import body_crc
+from ..format.crc import body_crc, ends_in_prop_crc, prop_crc_entry, record_prop_crc
 from ..files.config import StoreConfig
 from ..files.consumequeue import UNIT, ConsumeQueue, effective_file_size
 from ..files.consumequeue_writer import ConsumeQueueWriter
@@ -110,7 +110,7 @@ def check_step(step, ctx: StepContext) -> None:
     the step needs (a queue directory, a regular file to rewrite)."""
     if step.path is not None:
         p = confine(ctx.root, step.path)
-        if step.action in ("fix-body-crc", "zero-tail", "extend-segment", "write-checkpoint",
+        if step.action in ("fix-body-crc", "fix-prop-crc", "zero-tail", "extend-segment", "write-checkpoint",
                            "create-abort", "remove-abort") and os.path.islink(p):
             raise UnsafePathError("a symbolic link: rmqstore does not write through it", p)
     if step.action in QUEUE_STEPS:
@@ -139,7 +139,11 @@ def scope(step, ctx: StepContext) -> list[tuple]:
     if a in MOVES or a == "rebuild-queue":
         return [("move", rel)]
     if a == "fix-body-crc":
-        return [("range", rel, step.offset, 4)]
+        digits = prop_crc_digits_range(confine(root, rel), step.offset - L.OFFSET_OF["body_crc"])
+        return [("range", rel, step.offset, 4)] + ([("range", rel, *digits)] if digits else [])
+    if a == "fix-prop-crc":
+        digits = prop_crc_digits_range(confine(root, rel), step.offset)
+        return [("range", rel, *digits)] if digits else []
     if a == "zero-tail":
         return [("range", rel, step.offset, step.length)]
     if a == "extend-segment":
@@ -348,6 +352,43 @@ def _fix_body_crc(path: Path, at: int) -> None:
         n = int.from_bytes(os.pread(fd, 4, at - 8 + fixed - 4), "big", signed=True)
         body = os.pread(fd, max(n, 0), at - 8 + fixed)
         _pwrite_all(fd, _BODY_CRC.pack(body_crc(body)), at)
+        # A record that ends in a property CRC covers BODYCRC too (spec §3.8): renew it,
+        # or a broker with forceVerifyPropCRC would cut the log at this record instead.
+        _renew_prop_crc(fd, at - L.OFFSET_OF["body_crc"])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _record_at(fd: int, record_at: int) -> bytes:
+    size = int.from_bytes(os.pread(fd, 4, record_at), "big", signed=True)
+    return os.pread(fd, max(size, 0), record_at) if 0 < size <= (1 << 30) else b""
+
+
+def prop_crc_digits_range(path: Path, record_at: int) -> tuple[int, int] | None:
+    """(position, length) of the digits of the record's ``__CRC32#`` entry, or None when
+    the record at ``record_at`` does not end in one."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        rec = _record_at(fd, record_at)
+    finally:
+        os.close(fd)
+    if not ends_in_prop_crc(rec):
+        return None
+    return record_at + len(rec) - L.PROP_CRC_ENTRY_SIZE + len(L.PROP_CRC_PREFIX), 10
+
+
+def _renew_prop_crc(fd: int, record_at: int) -> None:
+    rec = _record_at(fd, record_at)
+    if ends_in_prop_crc(rec):
+        entry = prop_crc_entry(record_prop_crc(rec))
+        _pwrite_all(fd, entry, record_at + len(rec) - L.PROP_CRC_ENTRY_SIZE)
+
+
+def _fix_prop_crc(path: Path, record_at: int) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        _renew_prop_crc(fd, record_at)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -362,6 +403,8 @@ def run(step, ctx: StepContext, items: list[dict], j: Journal) -> None:
             j.move(it)
     elif a == "fix-body-crc":
         _fix_body_crc(p, step.offset)
+    elif a == "fix-prop-crc":
+        _fix_prop_crc(p, step.offset)
     elif a == "zero-tail":
         _zero(p, step.offset, step.length)
     elif a == "extend-segment":

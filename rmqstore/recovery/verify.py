@@ -43,6 +43,7 @@ from ..files.listing import entries, odd_entry
 from ..scan.dispatch import StoreScan
 from ..files.segments import SegmentQueue
 from .findings import CODES, ERROR, INFO, WARNING, Collector, Finding
+from .verify_prop_crc import check_prop_crc, uses_prop_crc
 
 @dataclass
 class Forecast:
@@ -284,7 +285,8 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
     refuse_operation(cfg, "verify")
     c = Collector(root)
     for d in cfg.features:  # never a silent "ok" on what is not checked
-        c.add("store-feature", None, None, d.message, feature=d.feature.key)
+        if not d.feature.reads_complete:
+            c.add("store-feature", None, None, d.message, feature=d.feature.key)
     for name, why in cfg.undetermined.items():
         if name != "max_index_num":  # one finding for the IndexFile pair
             c.add("geometry-unknown", None, None, why, setting=name)
@@ -299,6 +301,8 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
         scan = scan_commitlog(cfg, check_crc=check_crc, processes=processes,
                               progress=progress, queue=q)
         facts = check_commitlog(c, q, scan, cp, abort)
+        if uses_prop_crc(cfg):
+            check_prop_crc(c, q, scan, forced=cfg.force_verify_prop_crc and cfg.check_crc_on_recover)
         check_topics(c, q, scan)
         d = dispatched(scan)
         check_consume_queues(c, root, cfg, scan, d, q.min_offset, facts)
