@@ -96,7 +96,7 @@ def append(
     Exit 0 when every message is PUT_OK, 1 when some are not, 2 on bad usage or input.
     """
     from rmqstore.engine.append import now_ms
-    from rmqstore.engine.broker import as_broker as broker_rewrite, message_from_json
+    from rmqstore.engine.broker import message_from_json, put_as_broker
     from rmqstore.files.config import load_config
     from rmqstore.errors import InputError
     from rmqstore.engine.store import MessageStore
@@ -129,13 +129,11 @@ def append(
                 obj = json.loads(item) if isinstance(item, str) else item
                 now = now_ms()
                 msg = message_from_json(obj, cfg, now=now)
-                if as_broker:
-                    msg = broker_rewrite(msg, cfg, now=now)
             except (ValueError, InputError) as e:
                 why = e.message if isinstance(e, InputError) else f"not valid JSON: {e}"
                 where = f"{source}:{lineno}" if lineno is not None else source
                 raise fail(f"{where}: {why}") from None
-            r = st.put(msg, stamp=as_broker)
+            r = put_as_broker(st, msg, cfg, now=now) if as_broker else st.put(msg)
             if not r.ok:
                 failed.append(r)
             row = {"status": r.status.value, "commitLogOffset": r.offset, "storeSize": r.size,

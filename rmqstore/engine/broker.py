@@ -26,8 +26,10 @@ from ..format import layout as L
 from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit
 from ..format.message import Host, Message, parse_properties
 from ..format.hashing import java_hash
+from ..format.rules import java_length
 from ..files.config import StoreConfig
 from ..errors import InputError
+from .results import PutResult, PutStatus
 
 _I32 = (-(2**31), 2**31 - 1)
 _I64 = (-(2**63), 2**63 - 1)
@@ -176,6 +178,29 @@ def hashmap_order(keys: list[str], initial_capacity: int = 16, max_size: int | N
 def _serialize(props: dict[str, str], order: list[str], trailing: bool) -> str:
     text = "\x02".join(f"{k}\x01{props[k]}" for k in order if props.get(k) is not None)
     return text + "\x02" if trailing and text else text
+
+
+def broker_hook_refusal(topic: str, config: StoreConfig) -> str | None:
+    """Why a broker refuses a client's send to ``topic`` before the store sees it, or None
+    (spec §3.6): the send check (``TopicValidator``: more than 127 characters), then, in
+    5.x, the put hook (``HookUtils#checkBeforePutMessage``: more than 127 UTF-8 bytes, 255
+    for %RETRY% topics, which only the broker's own send-back writes)."""
+    if java_length(topic) > 127:
+        return "the topic is longer than the topic max length (127)"
+    if config.broker_version != "4.9":
+        n = len(topic.encode("utf-8", "surrogatepass"))
+        if n > 255 or (n > 127 and not topic.startswith("%RETRY%")):
+            return "topic is too long"
+    return None
+
+
+def put_as_broker(store, msg: Message, config: StoreConfig, *, now: int):
+    """Put ``msg`` as a broker would: its put hook first (a refusal is a MESSAGE_ILLEGAL
+    result and nothing is written), then :func:`as_broker`'s changes, then the store."""
+    why = broker_hook_refusal(msg.topic, config)
+    if why is not None:
+        return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=why)
+    return store.put(as_broker(msg, config, now=now), stamp=True)
 
 
 def as_broker(msg: Message, config: StoreConfig, *, now: int) -> Message:

@@ -183,10 +183,14 @@ class MessageStore:
             cfg, queue, end, offsets,
             buffer_for=self.pool.buffer_for if self.pool else None,
             on_dispatch_error=self._failed)
+        # The confirm offset (5.x, spec §8.1): recovery sets it to the start of the last
+        # valid record (§10.2, §10.3) and a close persists it; appends in plain mode leave
+        # it alone, so a store written in one run keeps the 0 it was created with (as
+        # RocketMQ 5.3.3 wrote its fixtures: basic has 0, crash-recovered 467284).
+        self._confirm_offset = self.checkpoint.confirm_phy_offset
         if found is not None and found.last_record >= 0:
-            # Recovery sets the confirm offset to the start of the last valid record (spec
-            # §10.2, §10.3); a 5.x close persists it as confirmPhyOffset (§8.1).
             self.appender.last_record_offset = found.last_record
+            self._confirm_offset = found.last_record
 
         def flushed(ts: int) -> None:
             self.physic_timestamp = ts
@@ -520,8 +524,8 @@ class MessageStore:
             self.appender.release_ahead()
             # The preallocated next segment was never written: a clean shutdown drops it.
             self._log_queue.delete_from(end if end else 0)
-            if self.v5 and self.last_record_offset >= 0:
-                self.checkpoint.confirm_phy_offset = self.last_record_offset
+            if self.v5:
+                self.checkpoint.confirm_phy_offset = self._confirm_offset
             self.dispatcher.close()
             self._log_queue.close()
             self._write_checkpoint()

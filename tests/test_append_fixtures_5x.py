@@ -1,0 +1,98 @@
+"""The writer engine in 5.x mode reproduces RocketMQ 5.3.3's own stores byte for byte
+(issue #14, design-14 §10 T7): every message of a 5.3.3 fixture's manifest is put in its
+stored form, in order (batches through the batch API), into an empty store with that
+fixture's geometry; the CommitLog, ConsumeQueue files and IndexFile contents must equal
+RocketMQ's, the puts report what RocketMQ reported, and the checkpoint holds RocketMQ's
+values (physicMsgTimestamp is masked: in 5.x it depends on flush timing, design-14 §7)."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from conftest import FIXTURES
+from test_append_fixtures import _files, put_groups, stored_message
+from rmqstore.files.config import StoreConfig
+from rmqstore.engine.store import MessageStore
+
+R5 = FIXTURES / "rocketmq-5.3.3"
+
+
+def _manifest(scenario: str) -> dict:
+    if not (R5 / scenario).is_dir():
+        pytest.skip(f"no RocketMQ-written fixture at {R5 / scenario}")
+    return json.loads((R5 / scenario / "manifest.json").read_text())
+
+
+def _config(man: dict) -> StoreConfig:
+    sc = man["storeConfig"]
+    return StoreConfig(
+        mapped_file_size_commit_log=sc["mappedFileSizeCommitLog"],
+        mapped_file_size_consume_queue=sc["mappedFileSizeConsumeQueue"],
+        max_hash_slot_num=sc["maxHashSlotNum"], max_index_num=sc["maxIndexNum"],
+        flush_disk_type=sc["flushDiskType"], broker_version="5",
+        transient_store_pool_enable=sc["transientStorePoolEnable"])
+
+
+def _replay(scenario: str, root) -> dict:
+    man = _manifest(scenario)
+    with MessageStore.open(root, _config(man), create=True) as st:
+        for group in put_groups(man["messages"]):
+            if "batchRequest" in group[0]["request"]:
+                results = st.put_batch([stored_message(x["stored"]) for x in group])
+            else:
+                results = [st.put(stored_message(group[0]["stored"]))]
+            for r, x in zip(results, group):
+                s = x["stored"]
+                assert r.ok, (x["index"], r)
+                assert (r.offset, r.size, r.queue_offset, r.msg_id) == (
+                    s["phyOffset"], s["storeSize"], s["queueOffset"], s["msgId"]), x["index"]
+    return man
+
+
+@pytest.mark.parametrize("scenario", ["basic", "long-topics", "crash"])
+def test_engine_reproduces_rocketmq_533_store(scenario, tmp_path):
+    root = tmp_path / "store"
+    man = _replay(scenario, root)
+    ref = R5 / ("crash-recovered" if scenario == "crash" else scenario)
+    mine, theirs = _files(root, "commitlog"), _files(ref, "commitlog")
+    assert sorted(mine) == sorted(theirs)
+    for name in theirs:
+        assert mine[name] == theirs[name], f"commitlog/{name} differs"
+    assert _files(root, "consumequeue") == _files(ref, "consumequeue")
+    assert list(_files(root, "index").values()) == list(_files(R5 / scenario, "index").values())
+    mine_cp = struct.unpack(">5q", (root / "checkpoint").read_bytes()[:40])
+    want = json.loads((ref / "manifest.json").read_text())["checkpoint"] \
+        if scenario != "crash" else json.loads((ref / "manifest.json").read_text())["recovery"][
+            "checkpointAfterShutdown"]
+    assert mine_cp[1:3] == (want["logicsMsgTimestamp"], want["indexMsgTimestamp"])
+    assert mine_cp[3] == want["masterFlushedOffset"]
+    if scenario != "crash":  # a store written in one run: nothing was recovered, 0 (§7)
+        assert mine_cp[4] == want["confirmPhyOffset"]
+    assert not (root / "abort").exists()
+
+
+def test_the_brokers_put_hook_refuses_what_rocketmq_533_refused(tmp_path):
+    # The store writes 128- and 255-byte plain topics (magic v2, as RocketMQ did with its
+    # hooks off); a put through the broker refuses the ones its hook refused.
+    from rmqstore.engine.broker import broker_hook_refusal, put_as_broker
+    from rmqstore.engine.results import PutStatus
+    from rmqstore.format.message import Host, Message
+
+    man = _manifest("long-topics")
+    cfg = _config(man)
+    refused = [r["request"] for r in man["rejectedPuts"] if "topic" in r["request"]]
+    assert refused
+    for req in refused:
+        assert broker_hook_refusal(req["topic"], cfg) is not None, req["topic"]
+    stored = [x for x in man["messages"]  # client sends through the broker's checks
+              if x["request"].get("brokerChecks", True) and "path" not in x["request"]
+              and "batchRequest" not in x["request"]]
+    assert stored
+    assert all(broker_hook_refusal(x["stored"]["topic"], cfg) is None for x in stored)
+    with MessageStore.open(tmp_path / "s", cfg, create=True) as st:
+        r = put_as_broker(st, Message(topic=refused[0]["topic"], body=b"x"), cfg, now=1)
+        assert r.status == PutStatus.MESSAGE_ILLEGAL and r.offset == -1
+        assert st.max_offset == 0
