@@ -29,6 +29,7 @@ def _manifest(scenario: str) -> dict:
 def _config(man: dict) -> StoreConfig:
     sc = man["storeConfig"]
     return StoreConfig(
+        enabled_append_prop_crc=sc.get("enabledAppendPropCRC", False),
         mapped_file_size_commit_log=sc["mappedFileSizeCommitLog"],
         mapped_file_size_consume_queue=sc["mappedFileSizeConsumeQueue"],
         max_hash_slot_num=sc["maxHashSlotNum"], max_index_num=sc["maxIndexNum"],
@@ -36,14 +37,22 @@ def _config(man: dict) -> StoreConfig:
         transient_store_pool_enable=sc["transientStorePoolEnable"])
 
 
+def _given(s: dict):
+    """The stored message minus what the store adds: its __CRC32# entry (spec §3.8)."""
+    m = stored_message(s)
+    if m.properties_text and m.properties_text.endswith("\x02") and "__CRC32#" in m.properties_text[-20:]:
+        m.properties_text = m.properties_text[:-20]
+    return m
+
+
 def _replay(scenario: str, root) -> dict:
     man = _manifest(scenario)
     with MessageStore.open(root, _config(man), create=True) as st:
         for group in put_groups(man["messages"]):
             if "batchRequest" in group[0]["request"]:
-                results = st.put_batch([stored_message(x["stored"]) for x in group])
+                results = st.put_batch([_given(x["stored"]) for x in group])
             else:
-                results = [st.put(stored_message(group[0]["stored"]))]
+                results = [st.put(_given(group[0]["stored"]))]
             for r, x in zip(results, group):
                 s = x["stored"]
                 assert r.ok, (x["index"], r)
@@ -52,7 +61,7 @@ def _replay(scenario: str, root) -> dict:
     return man
 
 
-@pytest.mark.parametrize("scenario", ["basic", "long-topics", "crash"])
+@pytest.mark.parametrize("scenario", ["basic", "long-topics", "crash", "prop-crc"])
 def test_engine_reproduces_rocketmq_533_store(scenario, tmp_path):
     root = tmp_path / "store"
     man = _replay(scenario, root)
@@ -96,3 +105,37 @@ def test_the_brokers_put_hook_refuses_what_rocketmq_533_refused(tmp_path):
         r = put_as_broker(st, Message(topic=refused[0]["topic"], body=b"x"), cfg, now=1)
         assert r.status == PutStatus.MESSAGE_ILLEGAL and r.offset == -1
         assert st.max_offset == 0
+
+
+def test_the_text_a_property_crc_is_appended_to():
+    # spec §3.8 / design-14 §6, with the prop-crc fixture's raw puts #19 and #20
+    from rmqstore.format.message import without_prop_crc
+
+    assert without_prop_crc("") == ""
+    assert without_prop_crc("a\x01b") == "a\x01b\x02"
+    assert without_prop_crc("a\x01b\x02") == "a\x01b\x02"
+    assert without_prop_crc("__CRC32#\x010000000123\x02TAGS\x01t\x02") == "TAGS\x01t\x02"
+    assert without_prop_crc("TAGS\x01t\x02__CRC32#\x011\x02KEYS\x01k") == "TAGS\x01t\x02KEYS\x01k\x02"
+    assert without_prop_crc("TAGS\x01t\x02__CRC32#\x011") == "TAGS\x01t\x02"
+    assert without_prop_crc("X\x01a__CRC32#\x01b\x02") == "X\x01a__CRC32#\x01b\x02"  # a value
+
+
+def test_a_client_crc_property_is_replaced_by_the_stores(tmp_path):
+    # prop-crc #12: the client sent __CRC32#=0000000123; RocketMQ stored one entry, its own.
+    man = _manifest("prop-crc")
+    x = man["messages"][12]
+    s = x["stored"]
+    text = s["propertiesString"][:-20]
+    m = stored_message(s)
+    m.properties_text = "__CRC32#\x010000000123\x02" + text
+    cfg = _config(man)
+    root = tmp_path / "s"
+    with MessageStore.open(root, cfg, create=True) as st:
+        r = st.put(m)
+    assert r.ok and r.size == s["storeSize"]
+    rec = (root / "commitlog" / f"{0:020d}").read_bytes()[:r.size]
+    from rmqstore.format.crc import prop_crc_entry, record_prop_crc
+    from rmqstore.format.record import decode_record
+
+    got = decode_record(rec, 0).properties_text
+    assert got == text + prop_crc_entry(record_prop_crc(rec)).decode()

@@ -486,20 +486,20 @@ def test_5x_features_warn_on_reads_and_refuse_writes_that_would_break_them(
     assert tree_hashes(store) == before
 
 
-def test_prop_crc_stores_are_read_and_verified_and_append_refuses(tmp_path):
-    # verify checks every record's __CRC32# (tests/test_prop_crc.py); append cannot write it yet.
+def test_prop_crc_stores_are_read_verified_and_appended_to(tmp_path):
+    # verify checks every record's __CRC32# (tests/test_prop_crc.py); append writes it.
     store = copy_store(_fixture("rocketmq-5.3.3", "prop-crc"), tmp_path / "store")
     before = tree_hashes(store)
     code, out, err = cli("stats", store, "-f", "json")
     assert code == 0 and "note: the store uses full-record CRCs" in err and "warning" not in err
     code, out, _ = cli("verify", store, "-f", "json")
     assert code == 0 and not any(f["code"] == "store-feature" for f in json.loads(out)["findings"])
-    cmds = dict(_commands(store, tmp_path))
-    code, _, err = cli(*cmds["append"])
-    line = _error_line(err)
-    assert code == 2 and " refused: " in line and "full-record CRCs" in line, err
-    assert cli(*cmds["repair --dry-run"])[0] == 0
+    assert cli(*dict(_commands(store, tmp_path))["repair --dry-run"])[0] == 0
     assert tree_hashes(store) == before
+    code, out, err = cli("append", store, "--topic", "TopicCrc", "--body", "x", "-f", "json")
+    assert code == 0, err
+    code, out, _ = cli("verify", store, "-f", "json")
+    assert code == 0 and json.loads(out)["messages"] == 28
 
 
 def manifest_5x(scenario: str) -> dict:

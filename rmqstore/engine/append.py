@@ -27,7 +27,7 @@ from ..files.config import StoreConfig
 from ..files.names import topic_problem
 from ..files.segments import Segment, SegmentQueue, segment_ahead, segment_pwrite
 from ..format import layout as L
-from ..format.crc import BODY_CRC_MASK
+from ..format.crc import BODY_CRC_MASK, prop_crc_entry, record_prop_crc
 from ..format.message import Message, offset_msg_id, offset_msg_id_prefix
 from ..format.record import pack_head, topic_field
 from ..format.rules import NO_QUEUE_OFFSET_BIT, advances_queue_offset, magic_for
@@ -194,8 +194,12 @@ class CommitLogAppender:
 
     def _encode(self, p: Prepared, phys: int, queue_offset: int, store_ts: int) -> bytes:
         m = p.msg
-        return pack_head(p.key, p.total, p.magic, p.crc, p.sys_flag, m, queue_offset, phys,
+        data = pack_head(p.key, p.total, p.magic, p.crc, p.sys_flag, m, queue_offset, phys,
                          store_ts, len(m.body or b"")) + p.tail
+        if p.prop_crc:  # over the whole record as placed, offsets and time included (§3.8)
+            body = data[:-L.PROP_CRC_ENTRY_SIZE]
+            data = body + prop_crc_entry(record_prop_crc(data))
+        return data
 
     def place(self, data, n: int) -> int:
         """Write ``n`` bytes at ``end``, TOTALSIZE of the first record last."""

@@ -11,7 +11,7 @@ from ..files.config import StoreConfig
 from ..files.names import shown, topic_problem
 from ..format import layout as L
 from ..format.crc import body_crc
-from ..format.message import Message, parse_properties, serialize_properties
+from ..format.message import Message, parse_properties, serialize_properties, without_prop_crc
 from ..format.record import record_tail, topic_field
 from ..format.rules import java_length, magic_for
 from .results import PutResult, PutStatus
@@ -52,6 +52,7 @@ class Prepared:
     total: int
     tail: bytes  # body, topic and properties with their length fields
     properties: dict = field(default_factory=dict)
+    prop_crc: bool = False  # the tail ends in room for the __CRC32# entry (spec §3.8)
 
 
 def prepare(msg: Message, config: StoreConfig) -> Prepared | PutResult:
@@ -77,9 +78,14 @@ def prepare(msg: Message, config: StoreConfig) -> Prepared | PutResult:
         text = serialize_properties(props, config.trailing_separator) if props else ""
     else:
         props = None
+    prop_crc = config.enabled_append_prop_crc
+    if prop_crc:
+        text = without_prop_crc(text)
     if not v5 and len(text) > _SHORT_MAX // 2 and java_length(text) > _SHORT_MAX:
         return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="properties are longer than 32767 characters")
     props_b = text.encode("utf-8", "replace")
+    if prop_crc:  # filled in once the record's offsets are known (CommitLogAppender._encode)
+        props_b += bytes(L.PROP_CRC_ENTRY_SIZE)
     if len(props_b) > _SHORT_MAX:
         return PutResult(PutStatus.PROPERTIES_SIZE_EXCEEDED,
                          reason=f"properties are {len(props_b)} bytes, more than 32767")
@@ -99,6 +105,7 @@ def prepare(msg: Message, config: StoreConfig) -> Prepared | PutResult:
         return PutResult(PutStatus.MESSAGE_ILLEGAL,
                          reason=f"record of {total} bytes cannot fit a {config.mapped_file_size_commit_log}-byte segment")
     tail = record_tail(body, topic_field(topic_b, magic), props_b)
-    if props is None:
+    if props is None or prop_crc:
         props = parse_properties(text)
-    return Prepared(msg, (born6, store6), magic, sys_flag, body_crc(body), total, tail, props)
+    return Prepared(msg, (born6, store6), magic, sys_flag, body_crc(body), total, tail, props,
+                    prop_crc)

@@ -62,6 +62,11 @@ def _zeros_at(queue: SegmentQueue, offset: int) -> bool:
         os.close(fd)
 
 
+def _declined(msg, stamp, record):
+    """The fast single put's answer when it must not run: "take the general path"."""
+    return None
+
+
 class MessageStore:
     """A store open for writing. Use :meth:`open`; thread-safe ``put``/``put_batch``."""
 
@@ -137,7 +142,8 @@ class MessageStore:
         # after a crash what an interrupted write of ours left (module doc).
         if not cp_path.exists():  # the broker creates it, all zeros, when it starts (§8.1)
             ckpt.write_checkpoint(self.root, self.checkpoint, version=self._cp_version)
-        ckpt.create_abort(self.root, str(os.getpid()).encode() if self.v5 else b"")
+        ckpt.create_abort(self.root, str(os.getpid()).encode() if self.v5 else b"",
+                          keep_previous=self.v5)
         queue.delete_from(end - end % size + size)
         self._log_queue = queue
         if not self.was_clean:
@@ -235,6 +241,11 @@ class MessageStore:
             self._columns_record = None
         self._sync_flush = self.flusher.sync
         self._put_message = self.appender.put_message  # the single put's fast path
+        # A record with a property CRC is signed once its offsets are known (spec §3.8):
+        # only the general encoder does that, so the fast and columnar paths step aside.
+        self._prop_crc = cfg.enabled_append_prop_crc
+        if self._prop_crc:
+            self._put_message = _declined
         if not self._sync_flush:
             self.put = self._quick_put()
 
@@ -387,7 +398,7 @@ class MessageStore:
             raise
 
     def _put_batch(self, msgs: Sequence[Message], stamp: bool) -> list[PutResult]:
-        if len(msgs) > 1:
+        if len(msgs) > 1 and not self._prop_crc:
             results = batch.put_messages(self.appender, msgs, stamp, self._record_many)
             if results is not None:
                 if self._sync_flush and not self.flusher.wait_flushed(results.end):
@@ -423,6 +434,8 @@ class MessageStore:
             columns_batch = MessageBatch(**columns)
         elif columns:
             raise TypeError("give a MessageBatch or keyword columns, not both")
+        if self._prop_crc:
+            return self.put_batch(columns_batch.messages(), stamp=stamp)
         try:
             return batch.put_columns(self, columns_batch, stamp=stamp)
         except StoreIOError as e:
@@ -531,6 +544,8 @@ class MessageStore:
             self._write_checkpoint()
             error = self.background.error if self.background is not None else None
             if error is None and self._broken is None:
+                if self.v5:
+                    ckpt.write_compaction_position(self.root)
                 ckpt.remove_abort(self.root)  # only once everything is consistent (§8.2)
         except BaseException:
             # A full disk or an I/O error on the way out: ``abort`` stays, so the next

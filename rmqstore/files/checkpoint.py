@@ -22,6 +22,10 @@ from .notes import note_writing
 
 CHECKPOINT = "checkpoint"
 ABORT = "abort"
+ABORT_BAK = "abort.bak"  # 5.x: what abort held before this start (design-14 §7)
+COMPACTION_POSITION = "compaction/position-checkpoint"
+#: What a 5.x broker persists at shutdown when no topic is compacted (CompactionPositionMgr).
+COMPACTION_POSITION_EMPTY = b'{\n\t"empty":true,\n\t"queueOffsetMap":{}\n}'
 LOCK = "lock"
 LOCK_CONTENT = b"lock"
 
@@ -112,10 +116,14 @@ def abort_exists(root: str | os.PathLike) -> bool:
     return (Path(root) / ABORT).exists()
 
 
-def create_abort(root: str | os.PathLike, content: bytes = b"") -> None:
-    """Mark the store as being modified: 4.9 writes it empty, 5.x the PID text."""
+def create_abort(root: str | os.PathLike, content: bytes = b"", *, keep_previous: bool = False) -> None:
+    """Mark the store as being modified: 4.9 writes it empty, 5.x the PID text and, first,
+    what ``abort`` held into ``abort.bak`` (an empty file after a clean shutdown, the
+    crashed run's PID after a crash: ``MixAll#string2File``, design-14 §7)."""
     path = Path(root) / ABORT
     existed = path.exists()
+    if keep_previous:
+        _write_file(Path(root) / ABORT_BAK, _read_small(path) if existed else b"", "create abort.bak")
     try:
         fd = _open_in_store(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
@@ -130,6 +138,45 @@ def create_abort(root: str | os.PathLike, content: bytes = b"") -> None:
             except OSError:
                 pass
         raise io_error(e, path, "create abort") from None
+
+
+def _read_small(path: Path) -> bytes:
+    try:
+        fd = _open_in_store(path, os.O_RDONLY)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, content: bytes, what: str) -> None:
+    try:
+        fd = _open_in_store(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            os.write(fd, content)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise io_error(e, path, what) from None
+
+
+def write_compaction_position(root: str | os.PathLike) -> None:
+    """What a 5.x broker's shutdown leaves in ``compaction/position-checkpoint`` when no
+    topic is compacted; a file already there (compaction in use) is left as it is."""
+    d = Path(root) / "compaction"
+    if d.is_symlink() or (d.exists() and not d.is_dir()):
+        return  # never write through a link or over something else
+    path = Path(root) / COMPACTION_POSITION
+    if path.exists() or path.is_symlink():
+        return
+    try:
+        d.mkdir(exist_ok=True)
+    except OSError as e:
+        raise io_error(e, d, "create compaction/") from None
+    _write_file(path, COMPACTION_POSITION_EMPTY, "write compaction/position-checkpoint")
 
 
 def remove_abort(root: str | os.PathLike) -> None:

@@ -133,6 +133,8 @@ class StoreConfig:
     undetermined: dict[str, str] = field(default_factory=dict, compare=False, repr=False, init=False)
     #: Why writing commands must not run (for example: a CommitLog directory is missing).
     write_blockers: list[str] = field(default_factory=list, compare=False, repr=False, init=False)
+    #: Why ``append`` must not run (the broker version the files show, design-14 §8).
+    append_blockers: list[str] = field(default_factory=list, compare=False, repr=False, init=False)
 
     # --- derived -------------------------------------------------------------------------
 
@@ -205,7 +207,7 @@ class StoreConfig:
     def with_values(self, **values) -> "StoreConfig":
         out = dataclasses.replace(self, **values)
         out.sources = dict(self.sources)
-        for name in ("notes", "warnings", "features", "write_blockers"):
+        for name in ("notes", "warnings", "features", "write_blockers", "append_blockers"):
             setattr(out, name, list(getattr(self, name)))
         out.undetermined = dict(self.undetermined)
         return out
@@ -393,6 +395,7 @@ def load_config(root: str | os.PathLike | None = None, conf: str | os.PathLike |
     undetermined: dict[str, str] = {}
     warnings: list[str] = []
     blockers: list[str] = []
+    append_blockers: list[str] = []
     if root is not None and infer:
         rootp = Path(root)
         features = storekind.detect(rootp, props)
@@ -414,9 +417,18 @@ def load_config(root: str | os.PathLike | None = None, conf: str | os.PathLike |
         values.update(r.values)
         sources.update(r.sources)
         undetermined, warnings = r.undetermined, r.warnings
+        append_blockers += _broker_version_from_files(rootp, dirs, values, sources)
     else:
         features = storekind.detect(None, props)
         storekind.refuse_unsupported(features, conf)
+    if "enabled_append_prop_crc" not in values and any(
+            d.feature.key == "prop-crc" for d in features):
+        # The newest records carry __CRC32# (spec §3.8): a writer keeps doing so unless
+        # broker.conf says the broker stopped (a setting the files cannot contradict).
+        values["enabled_append_prop_crc"] = True
+    if values.get("enabled_append_prop_crc") and values.get("broker_version", "4.9") == "4.9":
+        append_blockers.append("enabledAppendPropCRC=true is a 5.2+ setting, and the store "
+                               "follows 4.9's conventions (pass --broker-version 5 for a 5.x store)")
     cfg = StoreConfig(**values)
     for name in GEOMETRY:
         sources.setdefault(name, "default")
@@ -428,4 +440,31 @@ def load_config(root: str | os.PathLike | None = None, conf: str | os.PathLike |
     cfg.warnings = [d.message for d in features if not d.feature.reads_complete] + warnings
     cfg.undetermined = undetermined
     cfg.write_blockers = blockers
+    cfg.append_blockers = append_blockers
     return cfg
+
+
+def _broker_version_from_files(root: Path, dirs, values: dict, sources: dict) -> list[str]:
+    """Which broker's conventions the store's files follow (design-14 §8), as
+    ``broker_version`` when no option or broker.conf names one; returns why an append
+    must not run: the files contradict the version given, or they cannot tell and none
+    was given (a record written the other way would not be what that broker writes)."""
+    from . import storekind
+
+    prof = storekind.profile(root, dirs)
+    family = prof.family if prof.family in BROKER_VERSIONS else None
+    given = values.get("broker_version")
+    why = "; ".join(prof.five[:2]) if prof.five else next(
+        (e for e in prof.evidence if "0x02" in e), "no record shows it")
+    if given is None:
+        if family is not None:
+            values["broker_version"] = family
+            sources["broker_version"] = f"files: {why}"
+        elif prof.trailing is not None:  # records exist, and say nothing certain
+            return [f"the files do not show which broker version wrote the store ({why}); "
+                    "pass --broker-version 4.9 or 5"]
+        return []
+    if family is not None and given != family:
+        return [f"--broker-version {given} (or brokerVersion) but the files were written by a "
+                f"{family} broker ({why})"]
+    return []

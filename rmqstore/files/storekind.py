@@ -59,10 +59,10 @@ FEATURES = {f.key: f for f in (
     Feature("cq-ext", "ConsumeQueue extensions", PARTIAL,
             _CQ_WRITES, "consumequeue_ext/ is not read; units that point into it carry an ext "
             "address as tagsCode"),
-    # verify checks every record's __CRC32# (recovery/verify_prop_crc); append does not
-    # write it yet.
-    Feature("prop-crc", "full-record CRCs (enabledAppendPropCRC)", PARTIAL,
-            ("append",), reads_complete=True),
+    # verify checks every record's __CRC32# (recovery/verify_prop_crc); append writes it
+    # (engine/prepare, CommitLogAppender._encode); repair keeps it matching.
+    Feature("prop-crc", "full-record CRCs (enabledAppendPropCRC)", SUPPORTED,
+            reads_complete=True),
     Feature("timer", "the timer-message store", PARTIAL,
             ("repair",), "timerlog/ and timerwheel are not read or checked"),
     Feature("compaction", "compacted topics", PARTIAL,
@@ -83,6 +83,8 @@ class Detected:
         if f.status == UNSUPPORTED:
             return (f"the store uses {f.what} ({self.evidence}), which rmqstore cannot read or "
                     "change yet; nothing was read")
+        if f.status == SUPPORTED:
+            return f"the store uses {f.what} ({self.evidence}): supported"
         if f.reads_complete:
             return (f"the store uses {f.what} ({self.evidence}): reads are supported; "
                     f"{_join(f.refuses)} " + ("refuses" if len(f.refuses) == 1 else "refuse")
@@ -249,7 +251,7 @@ def require_writable(cfg, operation: str) -> None:
     assert operation in WRITES, operation
     root = cfg.root
     refuse_operation(cfg, operation)
-    for why in cfg.write_blockers:
+    for why in cfg.write_blockers + (cfg.append_blockers if operation == "append" else []):
         raise ConfigError(f"{operation} refused: {why} (nothing was changed)", root)
     needs = {"repair": GEOMETRY_ALL, "append": GEOMETRY_ALL,
              "rebuild --consumequeue": ("mapped_file_size_commit_log", "mapped_file_size_consume_queue"),

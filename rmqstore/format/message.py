@@ -44,6 +44,28 @@ def serialize_properties(props: Mapping[str, str] | Iterable[tuple[str, str]],
     return text + "\x02" if trailing and text else text
 
 
+def without_prop_crc(text: str) -> str:
+    """The properties text a 5.2+ writer with ``enabledAppendPropCRC`` appends its
+    ``__CRC32#`` entry to (spec §3.8, ``MessageUtils#deleteProperty``): every
+    ``__CRC32#\\x01value\\x02`` pair the client sent removed as text (no re-serialising),
+    and one separator added when the text is not empty and does not end in one."""
+    name = L.PROP_CRC_NAME.decode() + L.PROPERTY_NAME_VALUE_SEPARATOR
+    at = 0
+    while True:
+        i = text.find(name, at)
+        if i < 0:
+            break
+        if i and text[i - 1] != L.PROPERTY_SEPARATOR:
+            at = i + 1  # inside another pair's value
+            continue
+        j = text.find(L.PROPERTY_SEPARATOR, i)
+        text = text[:i] + ("" if j < 0 else text[j + 1:])
+        at = i
+    if text and not text.endswith(L.PROPERTY_SEPARATOR):
+        text += L.PROPERTY_SEPARATOR
+    return text
+
+
 def properties_need_text(props: Mapping[str, str], text: str) -> bool:
     """True when ``props`` (parsed from ``text``) cannot reproduce ``text`` under either
     separator convention.
