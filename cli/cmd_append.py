@@ -75,7 +75,7 @@ def append(
     cq_size: Optional[int] = typer.Option(None, "--cq-size", help="mappedFileSizeConsumeQueue for a new store (default 6000000)."),
     index_slots: Optional[int] = typer.Option(None, "--index-slots", help="maxHashSlotNum (default 5000000)."),
     index_num: Optional[int] = typer.Option(None, "--index-num", help="maxIndexNum (default 20000000)."),
-    broker_version: Optional[str] = typer.Option(None, "--broker-version", help="On-disk conventions to follow: 4.9 (default) or 5."),
+    broker_version: Optional[str] = typer.Option(None, "--broker-version", help="On-disk conventions to follow: 4.9 or 5. Default: what the store's files show (append refuses when they cannot tell); 4.9 for a new store."),
     flush_disk_type: Optional[str] = typer.Option(None, "--flush-disk-type", help="ASYNC_FLUSH (default) or SYNC_FLUSH (each message acknowledged once on disk)."),
     *, out: Output,
 ) -> None:
