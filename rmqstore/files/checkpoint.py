@@ -179,6 +179,15 @@ def write_compaction_position(root: str | os.PathLike) -> None:
     _write_file(path, COMPACTION_POSITION_EMPTY, "write compaction/position-checkpoint")
 
 
+def shutdown_files(root: str | os.PathLike) -> None:
+    """The files a 5.x broker's start and clean shutdown leave beside the data: what
+    ``abort`` held, kept in ``abort.bak``, and the compaction positions."""
+    path = Path(root) / ABORT
+    _write_file(Path(root) / ABORT_BAK, _read_small(path) if path.exists() else b"",
+                "write abort.bak")
+    write_compaction_position(root)
+
+
 def remove_abort(root: str | os.PathLike) -> None:
     """Only after everything is flushed consistently (spec §8.2)."""
     try:

@@ -149,6 +149,8 @@ def scope(step, ctx: StepContext) -> list[tuple]:
     if a == "extend-segment":
         have = os.lstat(confine(root, rel)).st_size
         return [("range", rel, have, max(0, ctx.cfg.mapped_file_size_commit_log - have))]
+    if a == "remove-abort" and ctx.cfg.broker_version != "4.9":
+        return [("file", rel), ("file", ckpt.ABORT_BAK), ("file", ckpt.COMPACTION_POSITION)]
     if a in ("write-checkpoint", "create-abort", "remove-abort"):
         return [("file", rel)]
     if a == "cut-queue":
@@ -456,6 +458,10 @@ def run(step, ctx: StepContext, items: list[dict], j: Journal) -> None:
         _drop_special(p)
         ckpt.create_abort(root)
     elif a == "remove-abort":
+        if ctx.cfg.broker_version != "4.9":
+            # What a 5.x broker's start and clean shutdown leave (design-14 §7): abort's
+            # content kept in abort.bak, the compaction positions persisted.
+            ckpt.shutdown_files(root)
         ckpt.remove_abort(root)
     else:
         raise RefusedError(f"unknown repair step {a!r}")
@@ -502,4 +508,10 @@ def _fix_checkpoint(ctx: StepContext) -> None:
         cp.logics_msg_timestamp = d.last_cq_timestamp
     full = last_full_index_timestamp(root / "index", ctx.geometry)
     cp.index_msg_timestamp = full if full is not None else min(cp.index_msg_timestamp, last)
+    if cfg.broker_version != "4.9":
+        # 5.x recovery sets the confirm offset to the start of the last valid record, and
+        # the shutdown after it persists that (spec §8.1; 5.3.3's crash-recovered: 467284).
+        offsets = scan.records("offset")
+        if len(offsets):
+            cp.confirm_phy_offset = int(offsets[-1])
     ckpt.write_checkpoint(root, cp, version="4.9" if cfg.broker_version == "4.9" else "5.x")
