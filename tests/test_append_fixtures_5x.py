@@ -139,3 +139,68 @@ def test_a_client_crc_property_is_replaced_by_the_stores(tmp_path):
 
     got = decode_record(rec, 0).properties_text
     assert got == text + prop_crc_entry(record_prop_crc(rec)).decode()
+
+
+def _client_message(x: dict):
+    """The message a client sent (the manifest's request): its properties in the order the
+    client's HashMap (capacity 16) serialised them; a broker-made UNIQ_KEY (request
+    ``uniqKey`` null) is the stored one, inserted where the broker inserts it: last."""
+    import base64
+
+    from rmqstore.engine.broker import hashmap_order
+    from rmqstore.format.message import Host, Message
+
+    r, s = x["request"], x["stored"]
+    props = {}
+    if r.get("tags"):
+        props["TAGS"] = r["tags"]
+    if r.get("keys"):
+        props["KEYS"] = r["keys"]
+    props["WAIT"] = "true"
+    props.update(r["userProperties"])
+    props.update(r["systemProperties"])
+    if r["uniqKey"]:
+        props["UNIQ_KEY"] = r["uniqKey"]
+    props = {k: props[k] for k in hashmap_order(list(props), 16)}
+    if not r["uniqKey"]:
+        props["UNIQ_KEY"] = s["uniqKey"]
+    return Message(topic=r["topic"], body=base64.b64decode(s["bodyBase64"]),
+                   queue_id=r["queueId"], flag=r["flag"], sys_flag=r["sysFlag"],
+                   born_timestamp=r["bornTimestamp"], born_host=Host.parse(r["bornHost"]),
+                   reconsume_times=r["reconsumeTimes"], properties=props)
+
+
+def test_client_sends_through_the_broker_reproduce_rocketmq_533(tmp_path):
+    # design-14 §10 T8: basic's 500 client requests put the way a 5.3.3 broker puts them
+    # (without the send context RocketMQ's fixture harness bypassed), stamped with the
+    # stored times, give RocketMQ's CommitLog byte for byte.
+    from rmqstore.engine.broker import put_as_broker
+
+    man = _manifest("basic")
+    host = man["messages"][0]["stored"]["storeHost"]
+    cfg = _config(man).with_values(broker_cluster_name="OracleCluster",
+                                   broker_ip1=host.split(":")[0], listen_port=int(host.split(":")[1]))
+    assert sum(1 for x in man["messages"] if not x["request"]["uniqKey"]) > 0
+    root = tmp_path / "s"
+    with MessageStore.open(root, cfg, create=True) as st:
+        for x in man["messages"]:
+            r = put_as_broker(st, _client_message(x), cfg, now=x["stored"]["storeTimestamp"],
+                              send_context=False, stamp=False)
+            assert r.ok and (r.offset, r.size, r.msg_id) == (
+                x["stored"]["phyOffset"], x["stored"]["storeSize"], x["stored"]["msgId"])
+    assert _files(root, "commitlog") == _files(R5 / "basic", "commitlog")
+    assert _files(root, "consumequeue") == _files(R5 / "basic", "consumequeue")
+
+
+def test_the_send_context_adds_msg_region_and_trace_on():
+    # spec §12.3: a 5.x client send carries MSG_REGION and TRACE_ON
+    from rmqstore.engine.broker import as_broker
+    from rmqstore.format.message import Message
+
+    cfg = StoreConfig(broker_version="5")
+    with_ctx = as_broker(Message(topic="T", properties={"UNIQ_KEY": "U"}), cfg, now=1)
+    without = as_broker(Message(topic="T", properties={"UNIQ_KEY": "U"}), cfg, now=1,
+                        send_context=False)
+    assert with_ctx.properties_text.startswith("MSG_REGION\x01DefaultRegion\x02")
+    assert with_ctx.properties_text.endswith("TRACE_ON\x01true\x02")
+    assert "MSG_REGION" not in without.properties_text and "TRACE_ON" not in without.properties_text

@@ -194,25 +194,32 @@ def broker_hook_refusal(topic: str, config: StoreConfig) -> str | None:
     return None
 
 
-def put_as_broker(store, msg: Message, config: StoreConfig, *, now: int):
+def put_as_broker(store, msg: Message, config: StoreConfig, *, now: int,
+                  send_context: bool = True, stamp: bool = True):
     """Put ``msg`` as a broker would: its put hook first (a refusal is a MESSAGE_ILLEGAL
-    result and nothing is written), then :func:`as_broker`'s changes, then the store."""
+    result and nothing is written), then :func:`as_broker`'s changes, then the store,
+    which stamps STORETIMESTAMP under its lock (``stamp=False`` keeps ``now``)."""
     why = broker_hook_refusal(msg.topic, config)
     if why is not None:
         return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=why)
-    return store.put(as_broker(msg, config, now=now), stamp=True)
+    return store.put(as_broker(msg, config, now=now, send_context=send_context), stamp=stamp)
 
 
-def as_broker(msg: Message, config: StoreConfig, *, now: int) -> Message:
+def as_broker(msg: Message, config: StoreConfig, *, now: int, send_context: bool = True) -> Message:
     """What the broker does to ``msg`` before storing it (see module doc). Mutates and
-    returns ``msg``; its ``properties_text`` is set to the broker's serialisation."""
+    returns ``msg``; its ``properties_text`` is set to the broker's serialisation.
+
+    ``send_context``: 5.x adds ``MSG_REGION`` and ``TRACE_ON`` while it builds the send
+    context of a client request (``AbstractSendMessageProcessor#buildMsgContext``, spec
+    §12.3); a put that does not come through that request handler (RocketMQ's own
+    fixtures were written that way) has neither."""
     v5 = config.broker_version != "4.9"
     props = dict(msg.properties)  # insertion order = incoming text order
     max_size = len(props)
     if "UNIQ_KEY" not in props:
         props["UNIQ_KEY"] = new_uniq_key(store_host(config).address, now)
     props["CLUSTER"] = config.broker_cluster_name
-    if v5:
+    if v5 and send_context:
         props.setdefault("MSG_REGION", config.region_id)
         props.setdefault("TRACE_ON", "true" if config.trace_on else "false")
     max_size = max(max_size, len(props))
