@@ -21,6 +21,7 @@ from rmqstore.files.consumequeue import open_consume_queue
 from rmqstore.files.consumequeue_writer import ConsumeQueueWriter
 from rmqstore.errors import NotAStoreError, StoreLockedError
 from rmqstore.engine.store import MessageStore
+from rmqstore.reader import open_store
 
 # spec §12.3: the complete 5.3.3 record (254 bytes), copied from the spec's hex dump.
 SPEC_12_3 = bytes.fromhex(textwrap.dedent("""
@@ -280,3 +281,25 @@ def test_put_after_close_raises_even_through_a_saved_reference(tmp_path):
     for p in (put, st.put):
         with pytest.raises(RecordError, match="closed"):
             p(Message(topic="T", body=b"y"))
+
+
+@pytest.mark.parametrize("version", ["4.9", "5"])
+def test_a_topic_whose_bytes_overflow_v1s_length_byte_is_refused(version, tmp_path):
+    # 64 characters pick magic v1 (RocketMQ counts Java characters), but they are 128 UTF-8
+    # bytes: v1's signed length byte would read back as -128, a record no reader can
+    # decode (spec §3.1). Every put path refuses it and writes nothing.
+    from rmqstore.engine.message_batch import MessageBatch
+
+    cfg = _config(broker_version=version)
+    wide, fits = "é" * 64, "é" * 63
+    with MessageStore.open(tmp_path / "s", cfg, create=True) as st:
+        for put in (lambda t: st.put(_msg(topic=t)),
+                    lambda t: st.put_batch([_msg(topic=t), _msg(topic=t)])[0],
+                    lambda t: st.put_columns(MessageBatch(topic=t, bodies=[b"x", b"y"]))[0]):
+            r = put(wide)
+            assert r.status == PutStatus.MESSAGE_ILLEGAL and "128 UTF-8 bytes" in r.reason
+            assert st.max_offset == 0
+        ok = st.put(_msg(topic=fits))
+        assert ok.ok
+    with open_store(tmp_path / "s") as s:
+        assert s.read_at(ok.offset).topic == fits

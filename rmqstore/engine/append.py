@@ -30,7 +30,7 @@ from ..format import layout as L
 from ..format.crc import BODY_CRC_MASK, prop_crc_entry, record_prop_crc
 from ..format.message import Message, offset_msg_id, offset_msg_id_prefix
 from ..format.record import pack_head, topic_field
-from ..format.rules import NO_QUEUE_OFFSET_BIT, advances_queue_offset, magic_for
+from ..format.rules import NO_QUEUE_OFFSET_BIT, advances_queue_offset, magic_for, topic_field_refusal
 from .prepare import FAST_PROPS_MAX, Prepared, topic_length_refusal
 from .results import Appended, PutResult, PutStatus, put_ok
 
@@ -299,6 +299,8 @@ class CommitLogAppender:
         if topic_length_refusal(topic, topic_b, self._v5) or topic_problem(topic) is not None:
             return None
         magic = magic_for(topic, auto=self._v5)
+        if topic_field_refusal(topic_b, magic) is not None:
+            return None
         tblock = topic_field(topic_b, magic)
         entry = (magic, tblock, len(tblock) + _PROPS_LEN.size)
         if len(self._topics) < 65536:

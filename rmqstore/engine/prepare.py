@@ -13,7 +13,7 @@ from ..format import layout as L
 from ..format.crc import body_crc
 from ..format.message import Message, parse_properties, serialize_properties, without_prop_crc
 from ..format.record import record_tail, topic_field
-from ..format.rules import java_length, magic_for
+from ..format.rules import java_length, magic_for, topic_field_refusal
 from .results import PutResult, PutStatus
 
 _HOST_BITS = L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6
@@ -28,15 +28,14 @@ def topic_length_refusal(topic: str, topic_b: bytes, v5: bool) -> str | None:
     """Why the store refuses the topic's length (spec §3.6), or None. 4.9's
     DefaultMessageStore counts Java characters (127). A 5.x store writes a longer topic
     with magic v2 and its 2-byte length (§3.2), so it refuses only what that field cannot
-    hold; the 5.x broker's own limits (127 UTF-8 bytes, 255 for %RETRY%) are a put hook
+    hold (:func:`~rmqstore.format.rules.topic_field_refusal`, once the magic is known);
+    the 5.x broker's own limits (127 UTF-8 bytes, 255 for %RETRY%) are a put hook
     the broker runs before the store (:func:`~rmqstore.engine.broker.broker_hook_refusal`):
     RocketMQ 5.3.3 stored 128- and 255-byte plain topics put with its hooks off (the
     long-topics fixture)."""
     if not v5:
         if java_length(topic) > 127:
             return "topic is longer than 127 characters"
-    elif len(topic_b) > _SHORT_MAX:
-        return "topic is longer than its 2-byte length field allows (32767 bytes)"
     return None
 
 
@@ -94,6 +93,9 @@ def prepare(msg: Message, config: StoreConfig) -> Prepared | PutResult:
         return PutResult(PutStatus.MESSAGE_ILLEGAL,
                          reason=f"body is {len(body)} bytes, more than maxMessageSize {config.max_message_size}")
     magic = magic_for(topic, msg.magic, auto=v5)  # 4.9 refused v2 above
+    why = topic_field_refusal(topic_b, magic)
+    if why is not None:
+        return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=why)
     born6, store6 = msg.born_host.is_v6, msg.store_host.is_v6
     sys_flag = (msg.sys_flag & ~_HOST_BITS) | (L.SYSFLAG_BORNHOST_V6 if born6 else 0) | (
         L.SYSFLAG_STOREHOST_V6 if store6 else 0)

@@ -47,6 +47,19 @@ def magic_for(topic: str, magic: int = L.MAGIC_V1, *, auto: bool = True) -> int:
     return L.MAGIC_V1
 
 
+def topic_field_refusal(topic_b: bytes, magic: int) -> str | None:
+    """Why a topic of these UTF-8 bytes does not fit the record's topic length field, or
+    None (spec §3.1): one signed byte in v1, two in v2. RocketMQ counts Java characters
+    when it picks the magic, so a short non-ASCII topic can need more bytes than v1 holds;
+    the broker would write a length its own decoder reads as negative (a record it cannot
+    read back), so rmqstore refuses it."""
+    limit = V1_TOPIC_MAX if magic == L.MAGIC_V1 else 32767
+    if len(topic_b) > limit:
+        return (f"topic is {len(topic_b)} UTF-8 bytes; the {'v1' if magic == L.MAGIC_V1 else 'v2'} "
+                f"record's topic length field holds at most {limit}")
+    return None
+
+
 def parse_delay_levels(text: str = DEFAULT_DELAY_LEVELS) -> tuple[int, ...]:
     """``messageDelayLevel`` as milliseconds; level L is element L-1."""
     out = []
