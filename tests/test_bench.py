@@ -1,5 +1,6 @@
-"""``rmqstore bench``: the generator writes what dispatch would, and every benchmark runs
-at a tiny size with the documented JSON keys."""
+"""``rmqstore bench``: every benchmark runs at a tiny size with the documented JSON keys;
+``--store`` times an existing store without writing a byte of it. (The generated data:
+tests/test_bench_data.py.)"""
 
 from __future__ import annotations
 
@@ -8,64 +9,12 @@ import subprocess
 import sys
 import time
 
-import numpy as np
+import pytest
 
-from conftest import REPO, tree_hashes
+from conftest import REPO, copy_store, tree_hashes
 from rmqstore import bench as B
-from rmqstore.format.hashing import index_hash_many
 
 KEYS = ["name", "messages", "bytes", "seconds", "msgsPerSec", "mbPerSec"]
-
-
-def test_generated_commitlog_reads_back(tmp_path):
-    from rmqstore.reader import open_store
-
-    g = B.make_store(tmp_path, 300_000, body_size=50, topics=3, queues=2,
-                     segment_size=64 * 1024, queues_and_index=False)
-    with open_store(tmp_path) as r:
-        msgs = list(r.messages())
-    assert len(msgs) == g.messages
-    # Several segments, each closed with a BLANK: offsets jump at segment starts.
-    assert len(list((tmp_path / "commitlog").iterdir())) >= 4
-    positions = B._positions(g, 64 * 1024)
-    for i in (0, 1, g.messages // 2, g.messages - 1):
-        m = msgs[i]
-        topic, key = g.key(i)
-        assert (m.topic, m.keys, m.store_timestamp) == (topic, [key], B.BENCH_EPOCH_MS + i)
-        assert m.queue_offset == i // g.templates and m.queue_id == i % g.queues
-        assert m.commit_log_offset == positions[i]  # PHYSICALOFFSET field = real position
-    assert all(m.store_size == g.record_size for m in msgs)
-
-
-def test_vectorised_key_hashes_equal_java_hash(tmp_path):
-    g = B.write_commitlog(tmp_path, 100_000, topics=5, queues=3)
-    keys = [f"{t}#{k}" for t, k in (g.key(i) for i in range(g.messages))]
-    assert np.array_equal(B.key_hashes(g), index_hash_many(keys).astype(np.int64))
-
-
-def test_generated_queues_and_index_equal_dispatch(tmp_path):
-    """make_store's bulk ConsumeQueues and IndexFiles hold the bytes the engine's own
-    re-dispatch writes from the same CommitLog."""
-    seg = 256 * 1024
-    g = B.make_store(tmp_path / "gen", 900_000, topics=2, queues=3, segment_size=seg)
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    (ref / "commitlog").symlink_to(g.root / "commitlog")
-    from rmqstore.files.commitlog import CommitLog
-    from rmqstore.files.config import StoreConfig
-    from rmqstore.engine.dispatch import Dispatcher
-    from rmqstore.files.index import IndexGeometry
-    from rmqstore.files.index_service import IndexService
-
-    cfg = StoreConfig(store_path_root_dir=str(ref), mapped_file_size_commit_log=seg)
-    idx = IndexService(cfg.index_dir, IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num),
-                       clock=lambda: B.BENCH_EPOCH_MS, flush_full_files=False)
-    d = Dispatcher(cfg, index=idx)
-    with CommitLog(cfg) as log:
-        d.dispatch_log(log, 0)
-    d.close()
-    assert tree_hashes(g.root / "consumequeue") == tree_hashes(ref / "consumequeue")
-    assert tree_hashes(g.root / "index") == tree_hashes(ref / "index")
 
 
 def _bench(*args, timeout=300):
@@ -84,11 +33,8 @@ def test_every_benchmark_runs_tiny_with_json_keys(tmp_path):
                for line in out.stderr.splitlines() if " skipped: " in line}
     names = [r["name"] for r in rows]
     assert sorted(names + sorted(skipped)) == sorted(B.BENCHMARKS), (names, skipped)
-    # Only benchmarks whose engine part has not landed may be skipped, and Spark only
-    # without pyspark/Java.
-    allowed = {"verify"} if B._hook("rmqstore.recovery.verify", "bench_verify") is None else set()
-    if B.spark_available():
-        allowed.add("spark-export")
+    # Only Spark may be skipped, without pyspark/Java.
+    allowed = {"spark-export"} if B.spark_available() else set()
     assert skipped <= allowed, out.stderr
     for r in rows:
         assert list(r) == KEYS
@@ -125,10 +71,69 @@ def test_median_picks_the_middle_run():
     assert r.as_dict()["msgsPerSec"] == 5.0
 
 
-def test_generated_store_verifies_clean(tmp_path):
+@pytest.mark.parametrize("shape", B.SHAPES)
+def test_generated_store_verifies_clean(tmp_path, shape):
     from rmqstore.recovery.verify import verify
 
-    B.make_store(tmp_path, 2_000_000, topics=3, queues=4, segment_size=512 * 1024)
+    B.make_store(tmp_path, 2_000_000, shape=shape, topics=3, queues=4, segment_size=512 * 1024)
     report = verify(tmp_path)
     assert report.ok, [(f.code, f.severity) for f in report.findings]
     assert report.messages > 0
+
+
+@pytest.fixture(scope="module")
+def fixture_copy(tmp_path_factory, fixtures_root):
+    return copy_store(fixtures_root / "basic", tmp_path_factory.mktemp("store") / "basic")
+
+
+@pytest.mark.parametrize("name", ["scan", "verify", "rebuild", "query-key", "dump"])
+def test_store_benchmarks_never_write_the_store(tmp_path, fixture_copy, name):
+    """--store times a RocketMQ-written store as it is: every file keeps its bytes (rebuild
+    runs on a copy under --dir, which is removed afterwards)."""
+    before = tree_hashes(fixture_copy)
+    out, _ = _bench(name, "--store", str(fixture_copy), "--runs", "2", "--lookups", "40",
+                    "--dir", str(tmp_path), "--format", "json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    (row,) = json.loads(out.stdout)
+    assert row["name"] == name and row["messages"] > 0
+    if name != "query-key":  # the fixture's 500 records, 427140 record bytes
+        assert (row["messages"], row["bytes"]) == (500, 427140)
+    assert tree_hashes(fixture_copy) == before
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_append_on_a_store_is_refused_in_one_line(fixture_copy):
+    before = tree_hashes(fixture_copy)
+    for args in (("append",), ("--append-mode", "batch", "append")):
+        out, _ = _bench(*args, "--store", str(fixture_copy))
+        assert out.returncode == 2 and out.stdout == ""
+        assert out.stderr.count("\n") == 1 and "--store" in out.stderr, out.stderr
+    assert tree_hashes(fixture_copy) == before
+
+
+def test_query_key_draws_its_keys_from_the_store(fixture_copy):
+    """Keys come from records reached through the ConsumeQueues, UNIQ_KEYs and KEYS
+    tokens alternately; each is found again through the IndexFiles."""
+    from rmqstore.reader import open_store
+
+    keys = B.sample_keys(fixture_copy, 30)
+    assert len(keys) == 30 and keys == B.sample_keys(fixture_copy, 30)  # seeded
+    stored = {(r["stored"]["topic"], k) for r in manifest_messages("basic")
+              for k in [r["stored"]["uniqKey"], *(r["stored"]["keys"] or "").split(" ")] if k}
+    assert set(keys) <= stored
+    assert any(len(k) == 56 for _t, k in keys) and any(len(k) < 32 for _t, k in keys)
+    with open_store(fixture_copy) as r:
+        assert all(r.query_key(t, k) for t, k in keys)
+
+
+def manifest_messages(scenario):
+    from conftest import manifest
+
+    return manifest(scenario)["messages"]
+
+
+def test_bad_shape_and_store_are_exit_2(tmp_path):
+    out, _ = _bench("scan", "--shape", "nonsense")
+    assert out.returncode == 2
+    out, _ = _bench("scan", "--store", str(tmp_path))
+    assert out.returncode == 2 and "not a RocketMQ store" in out.stderr

@@ -284,8 +284,9 @@ def small_and_big(tmp_path_factory):
     from rmqstore import bench as B
 
     root = tmp_path_factory.mktemp("lookups")
-    small = B.make_store(root / "small", 1 << 20, segment_size=128 << 20)
-    big = B.make_store(root / "big", 128 << 20, segment_size=128 << 20)
+    # The easy shape: the query-key case below looks up its key bk0000000032.
+    small = B.make_store(root / "small", 1 << 20, shape="easy", segment_size=128 << 20)
+    big = B.make_store(root / "big", 128 << 20, shape="easy", segment_size=128 << 20)
     return small, big
 
 

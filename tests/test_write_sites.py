@@ -88,14 +88,13 @@ REVIEWED = {
     # Benchmarks and samples: their own temporary or new folders.
     ("_Workdir.__init__", "rmtree"): "bench scratch folder",
     ("_Workdir.__exit__", "rmtree"): "bench scratch folder",
-    ("_dispatch_log", "rmtree"): "bench scratch folder",
     ("_write", "rmtree"): "samples: a sample folder being regenerated",
     ("_crash", "truncate"): "samples: the crashed sample's torn segment",
     ("bench_append.once", "rmtree"): "bench scratch folder",
     ("bench_spark_export", "rmtree"): "bench scratch folder",
     ("bench_spark_export.once", "rmtree"): "bench scratch folder",
     ("bench_spark_export.timed", "rmtree"): "bench scratch folder",
-    ("write_commitlog", "truncate"): "bench: a generated segment",
+    ("make_store", "truncate"): "bench: a generated segment it just created",
 }
 
 

@@ -142,14 +142,20 @@ _counter = itertools.count(random.randrange(1 << 16))
 _loader_hash = random.getrandbits(31)
 
 
+def client_id(ip: bytes, pid: int, loader_hash: int, span: int, counter: int) -> str:
+    """The UNIQ_KEY text of a client message id (spec §5.2): ip, pid (u16), class-loader
+    hash (u32), ms since the start of the month (unsigned i32), counter (u16)."""
+    return (ip + (pid & 0xFFFF).to_bytes(2, "big") + loader_hash.to_bytes(4, "big")
+            + (span & 0xFFFFFFFF).to_bytes(4, "big")
+            + (counter & 0xFFFF).to_bytes(2, "big")).hex().upper()
+
+
 def new_uniq_key(ip: bytes, now: int) -> str:
-    """A client-style message id: ip, pid, class-loader hash, ms since the start of the
-    month in local time (unsigned i32), counter."""
+    """A client-style message id for this process now: the month starts in local time."""
     local = _dt.datetime.fromtimestamp(now / 1000).astimezone()
     month = local.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    span = (now - int(month.timestamp() * 1000)) & 0xFFFFFFFF
-    return (ip + (os.getpid() & 0xFFFF).to_bytes(2, "big") + _loader_hash.to_bytes(4, "big")
-            + span.to_bytes(4, "big") + (next(_counter) & 0xFFFF).to_bytes(2, "big")).hex().upper()
+    return client_id(ip, os.getpid(), _loader_hash, now - int(month.timestamp() * 1000),
+                     next(_counter))
 
 
 # --- Java HashMap iteration order (spec §14.3) -------------------------------------------

@@ -165,7 +165,8 @@ def decode_offset_msg_id(msg_id: str) -> tuple[Host, int]:
     return Host(address, port), offset
 
 
-_HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+#: ASCII of the uppercase hex digits (offsetMsgId and UNIQ_KEY texts), by value.
+HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 
 
 def offset_msg_ids(address: np.ndarray, port: np.ndarray, v6: np.ndarray,
@@ -190,8 +191,8 @@ def offset_msg_ids(address: np.ndarray, port: np.ndarray, v6: np.ndarray,
         rows["physical_offset"] = physical_offset[sel]
         raw = rows.view(np.uint8).reshape(len(sel), dtype.itemsize)
         hexed = np.empty((len(sel), 2 * dtype.itemsize), np.uint8)
-        hexed[:, 0::2] = _HEX_DIGITS[raw >> 4]
-        hexed[:, 1::2] = _HEX_DIGITS[raw & 15]
+        hexed[:, 0::2] = HEX_DIGITS[raw >> 4]
+        hexed[:, 1::2] = HEX_DIGITS[raw & 15]
         data[offsets[sel][:, None] + np.arange(hexed.shape[1])] = hexed
     return offsets, data
 
