@@ -73,10 +73,28 @@ FIELDS = {
 }
 
 
+_GROUP = 4  # digits looked up at a time: a quarter of the divisions of one per digit
+_GROUP_TABLES: dict[int, np.ndarray] = {}
+
+
+def _group_table(base: int) -> np.ndarray:
+    """The ``_GROUP`` ASCII digits of every value below ``base**_GROUP``, one row each."""
+    t = _GROUP_TABLES.get(base)
+    if t is None:
+        v = np.arange(base ** _GROUP, dtype=np.int64)
+        powers = np.int64(base) ** np.arange(_GROUP - 1, -1, -1, dtype=np.int64)
+        t = _GROUP_TABLES[base] = HEX_DIGITS[(v[:, None] // powers) % base]
+    return t
+
+
 def digits(f: Field, i: np.ndarray) -> np.ndarray:
     """The ASCII digits of field ``f`` for message numbers ``i``: an (n, width) uint8 array."""
-    powers = np.int64(f.base) ** np.arange(f.width - 1, -1, -1, dtype=np.int64)
-    return HEX_DIGITS[(f.value(np.asarray(i, dtype=np.int64))[:, None] // powers) % f.base]
+    groups = -(-f.width // _GROUP)
+    unit = np.int64(f.base) ** _GROUP
+    powers = unit ** np.arange(groups - 1, -1, -1, dtype=np.int64)
+    v = f.value(np.asarray(i, dtype=np.int64))
+    out = _group_table(f.base)[(v[:, None] // powers) % unit].reshape(len(v), groups * _GROUP)
+    return out[:, groups * _GROUP - f.width:]
 
 
 def topic_name(t: int) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 
 from .format.message import Message, parse_properties, split_keys
 from .errors import InputError
-from .scan.records import scan_windows
+from .scan.records import FIRST_WINDOW, scan_windows
 from .times import parse_time
 
 #: Why a walk stopped, when that means the data ends in damage (spec §10.1, §10.5).
@@ -228,10 +228,11 @@ class MessageScan:
             if f.from_offset is not None and seg.end <= f.from_offset:
                 continue
             # A window at a time, its pages let go once handed over: memory stays at a
-            # window's columns whatever the segment's size.
+            # window's columns whatever the segment's size. Windows start small and grow,
+            # so a scan that stops early (a limit, a to-offset) reads about what it gives.
             buf = seg.buffer()
             released = 0
-            for scan in scan_windows(buf, seg.start, seg.readable_size):
+            for scan in scan_windows(buf, seg.start, seg.readable_size, first=FIRST_WINDOW):
                 cols = scan.records
                 chosen = f.select(cols, start)
                 if f.limit is not None:

@@ -72,3 +72,71 @@ def test_reading_a_big_segment_keeps_only_a_window_resident(tmp_path):
             peak = max(peak, _rss_file_kib())
     assert records == g.messages
     assert peak - before < 40 * 1024, f"{(peak - before) // 1024} MiB of the store stayed mapped"
+
+
+@pytest.fixture(scope="module")
+def big_segment(tmp_path_factory):
+    """A store whose one segment is 256 MiB, 32 MiB of records and a hole after them."""
+    from rmqstore.bench_data import make_store
+
+    return make_store(tmp_path_factory.mktemp("head") / "s", 32 << 20, segment_size=256 << 20,
+                      queues_and_index=False)
+
+
+def test_a_head_read_walks_only_the_windows_it_needs(big_segment, monkeypatch):
+    """dump -n 5's scan: the bytes the record walk is asked to cover (every window it
+    opens) stay near what the 5 records take, not a window of 8 MiB or the segment."""
+    import rmqstore.scan.records as S
+    from rmqstore.selection import MessageFilter
+
+    asked = []
+    walk = S.walk_range
+
+    def counting(buf, pos, end, limit):
+        asked.append(end - pos)
+        return walk(buf, pos, end, limit)
+
+    monkeypatch.setattr(S, "walk_range", counting)
+    with open_store(big_segment.root) as store:
+        got = list(store.scan(MessageFilter.make(limit=5)).messages())
+    assert [m.commit_log_offset for m in got] == big_segment.positions[:5].tolist()
+    assert sum(asked) <= 128 * 1024, asked
+    # Without a limit the windows grow to WINDOW and the walk covers the data once.
+    asked.clear()
+    with open_store(big_segment.root) as store:
+        n = sum(len(keep) for _cols, keep in store.scan(MessageFilter()).chunks())
+    assert n == big_segment.messages
+    assert max(asked) == S.WINDOW and sum(asked) < (32 << 20) + 2 * S.WINDOW
+
+
+_RUSAGE = ("import resource, runpy, sys; sys.argv = ['rmqstore'] + sys.argv[1:]\n"
+           "try:\n    runpy.run_module('cli.main', run_name='__main__')\n"
+           "except SystemExit as e:\n    code = e.code\n"
+           "r = resource.getrusage(resource.RUSAGE_SELF)\n"
+           "print('rusage', r.ru_minflt, r.ru_maxrss, file=sys.stderr)\n"
+           "sys.exit(code)\n")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux getrusage")
+def test_dump_head_of_a_big_segment_costs_what_a_get_costs(big_segment):
+    """`rmqstore dump -n 5` in a process of its own: page faults and peak RSS next to
+    `rmqstore get` of the first record in the same store (same imports, one record read).
+    The difference is the data the dump touched: far below one 8 MiB window (2048 pages)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    def rusage(*args):
+        out = subprocess.run([sys.executable, "-c", _RUSAGE, *args, "--format", "jsonl"],
+                             capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert out.returncode == 0, out.stderr[-1000:]
+        faults, rss = out.stderr.rsplit("rusage ", 1)[1].split()[:2]
+        return int(faults), int(rss), out.stdout
+
+    root = str(big_segment.root)
+    dump_faults, dump_rss, text = rusage("dump", root, "-n", "5")
+    get_faults, get_rss, _ = rusage("get", root, "--offset", "0")
+    assert len(text.splitlines()) == 5
+    assert dump_faults - get_faults < 512, (dump_faults, get_faults)  # 2 MiB of pages
+    assert dump_rss - get_rss < 6 * 1024, (dump_rss, get_rss)  # KiB; one window is 8 MiB

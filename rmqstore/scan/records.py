@@ -412,18 +412,24 @@ class SegmentScan:
 #: Bytes of a segment walked and gathered at a time by :func:`scan_windows`: columns stay
 #: a few MB however large the segment (a 1 GiB segment of 230-byte records is 4.7 M records).
 WINDOW = 8 * 1024 * 1024
+#: The first window of a walk that may stop early (``dump -n 5``): windows then double up
+#: to WINDOW, so a head read touches about what it gives, a whole walk ~7 windows more.
+FIRST_WINDOW = 64 * 1024
 
 
 def scan_windows(buf, base: int, limit: int, start: int = 0, *,
-                 window: int | None = None) -> Iterator[SegmentScan]:
-    """:func:`scan_buffer` in pieces: the valid records starting in each ``window`` bytes,
-    in order. Every piece but the last stops with ``"range"``; the last one stops where and
-    why :func:`scan_buffer` would (same chain, same size rule, spec §3.9, §10.1)."""
+                 window: int | None = None, first: int | None = None) -> Iterator[SegmentScan]:
+    """:func:`scan_buffer` in pieces: the valid records starting in each window of bytes,
+    in order; windows are ``first`` bytes (default: ``window``), doubling up to ``window``.
+    Every piece but the last stops with ``"range"``; the last one stops where and why
+    :func:`scan_buffer` would (same chain, same size rule, spec §3.9, §10.1)."""
     window = window or WINDOW
+    size = min(first or window, window)
     u8 = np.frombuffer(buf, dtype=np.uint8, count=limit) if limit else np.zeros(0, np.uint8)
     pos = start
     while True:
-        starts, stop_pos, stop = walk_range(buf, pos, min(pos + window, limit), limit)
+        starts, stop_pos, stop = walk_range(buf, pos, min(pos + size, limit), limit)
+        size = min(2 * size, window)
         cols = columns(u8, starts, base)
         ok = consistent(cols)
         if not ok.all():
