@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -77,6 +78,8 @@ def _opts(ctx: typer.Context, **given):
     for name in ("append_mode", "shape"):
         if isinstance(base.get(name), enum.Enum):
             base[name] = base[name].value
+    if base.get("store") is not None:
+        base["store"] = str(base["store"])
     fmt, no_pager = base.pop("fmt", None), base.pop("no_pager", False)
     return BenchOptions(**{k: v for k, v in base.items() if v is not None}), (fmt, no_pager)
 
@@ -118,7 +121,7 @@ def bench(
     lookups: Optional[int] = LOOKUPS,
     append_mode: Optional[AppendMode] = APPEND_MODE,
     shape: Optional[Shape] = SHAPE,
-    store: Optional[str] = STORE,
+    store: Optional[Path] = STORE,
     topics: Optional[int] = TOPICS,
     fmt: Optional[Format] = FormatOption,
     no_pager: bool = NoPagerOption,
@@ -146,7 +149,7 @@ def _command(name: str, doc: str):
         lookups: Optional[int] = LOOKUPS,
         append_mode: Optional[AppendMode] = APPEND_MODE,
         shape: Optional[Shape] = SHAPE,
-        store: Optional[str] = STORE,
+        store: Optional[Path] = STORE,
         topics: Optional[int] = TOPICS,
         fmt: Optional[Format] = FormatOption,
         no_pager: bool = NoPagerOption,
@@ -165,10 +168,10 @@ def _command(name: str, doc: str):
 
 
 _command("append", "Append generated messages through MessageStore.put, from the first put to a clean close (flush and dispatch included).")
-_command("scan", "Bulk-scan a generated CommitLog into per-queue statistics (what `rmqstore stats` does).")
+_command("scan", "Bulk-scan the CommitLog into per-queue statistics (what `rmqstore stats` does).")
 _command("verify", "Verify a store (CommitLog with body CRCs, ConsumeQueues, IndexFiles).")
 _command("rebuild", "Rebuild ConsumeQueues and IndexFiles from the CommitLog (on a copy of a --store).")
 _command("query-key", "Look keys up through the IndexFiles, one query per key (UNIQ_KEYs and KEYS tokens of records drawn from the store).")
 _command("dump", "Every message as the message JSON, encoded as `rmqstore dump --format jsonl` encodes it, to /dev/null.")
-_command("spark-export", "Export a generated store to Parquet with Spark in local mode (needs pyspark and Java; the session start is not timed).")
+_command("spark-export", "Export the store to Parquet with Spark in local mode (needs pyspark and Java; the session start is not timed).")
 _command("all", "Run every benchmark.")

@@ -79,7 +79,7 @@ def test_performance_page_names_machine_and_commands():
     text = (DOCS / "performance.md").read_text(encoding="utf-8")
     assert "2 cores" in text and "24 GiB" in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    names = {"append", "scan", "verify", "rebuild", "query-key", "spark-export"}
+    names = {"append", "scan", "verify", "rebuild", "query-key", "dump", "spark-export"}
     seen = set()
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
