@@ -138,3 +138,20 @@ def test_keys_name_what_the_index_holds(tmp_path):
             assert tokens == [m.uniq_key, *m.keys]
             for t in tokens:
                 assert int(g.positions[i]) in [x.commit_log_offset for x in r.query_key(topic, t)]
+
+
+@pytest.mark.parametrize("mode", [{}, {"batch": 500}, {"batch": 500, "columns": True}])
+def test_append_benchmark_puts_the_broker_shaped_messages(tmp_path, mode):
+    """The append benchmark's three put paths store the shape's messages: same topics,
+    queues, bodies and properties in the stored order."""
+    from rmqstore.bench_append import run_append
+
+    r = run_append(tmp_path / "s", 1200, body_size=80, segment_size=1 << 20, shape="broker",
+                   topics=2, queues=8, **mode)
+    assert r["messages"] == 1200
+    want = list(S.shape_messages(S.templates("broker", topics=2, queues=8, body_size=80), 1200))
+    with open_store(tmp_path / "s") as store:
+        got = list(store.messages())
+    assert [(m.topic, m.queue_id, m.body, m.properties_text) for m in got] == \
+        [(w.topic, w.queue_id, w.body, "\x02".join(f"{k}\x01{v}" for k, v in w.properties.items()))
+         for w in want]
