@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .bench_shapes import BENCH_EPOCH_MS, FIELDS, SEED, Templates, digits, index_tokens, templates
+from .errors import InputError
 from .format import layout as L
 from .format.hashing import index_abs_many, pow31
 from .format.record import set_head_field
@@ -69,8 +70,8 @@ def _layout(sizes: np.ndarray, segment_size: int) -> tuple[np.ndarray, list[tupl
         base = int(cum[first - 1]) if first else 0
         end = int(np.searchsorted(cum, base + segment_size - L.END_FILE_MIN_BLANK_LENGTH, "right"))
         if end == first:
-            raise ValueError(f"a {int(sizes[first])}-byte record does not fit a "
-                             f"{segment_size}-byte segment")
+            raise InputError(f"a {int(sizes[first])}-byte record does not fit a "
+                             f"{segment_size}-byte segment: give a larger --segment-mb")
         pos[first:end] = start + cum[first:end] - sizes[first:end] - base
         segs.append((start, first, end))
         first, start = end, start + segment_size

@@ -223,7 +223,7 @@ def _broker_template(t: int, q: int, v: int, s: int, body_size: int, cfg: StoreC
     client["UNIQ_KEY"] = uniq_fixed + "{uniq}"  # set by the producer just before sending
     # The client sends its HashMap's text; the broker parses it into a map of its own.
     client = {k: client[k] for k in hashmap_order(list(client))}
-    body = _body(round(body_size * BODY_FACTORS[s]), s)
+    body = _body(min(round(body_size * BODY_FACTORS[s]), cfg.max_message_size), s)
     m = Message(topic=topic_name(t), body=body, queue_id=q, properties=client,
                 born_timestamp=BENCH_EPOCH_MS, born_host=born)
     m = as_broker(m, cfg, now=BENCH_EPOCH_MS)
