@@ -258,29 +258,10 @@ class StoreReader:
 def _commitlog(config: StoreConfig):
     """The store's CommitLog: its segments, or in DLedger mode the entries of its
     ``dledger-<selfId>/data`` files (design-14 §1; the store kind comes from the files)."""
-    from .files.dledger_files import find_ledger_dirs
+    from .files.dledger import DLedgerCommitLog, ledger_for
 
-    ledgers = find_ledger_dirs(config.root)
-    said = next((d for d in config.features if d.feature.key == "dledger"), None)
-    if not ledgers:
-        if said is not None:
-            raise ConfigError(f"{said.evidence} says the CommitLog is a DLedger CommitLog, but the "
-                              "store has no dledger-<selfId>/ folder; the files are the truth: "
-                              "drop the setting or give the DLedger store's root", config.root)
-        return CommitLog(config)
-    from .files.listing import entries
-
-    if any(SEGMENT_NAME.match(e.name) for d in config.commit_log_dirs if d.is_dir()
-           for e in entries(d)):
-        raise UnsupportedStoreError(
-            f"the store has both commitlog/ segments and a DLedger CommitLog ({ledgers[0].name}/): "
-            "a broker switched to DLedger on an old store; reading both as one log is not "
-            "supported yet; nothing was read", config.root)
-    from .files.dledger import DLedgerCommitLog, open_ledger
-
-    # The files decided mappedFileSizeCommitLog (load_config): the data files' size.
-    return DLedgerCommitLog(open_ledger(config.root,
-                                        data_file_size=config.mapped_file_size_commit_log))
+    log = ledger_for(config)
+    return CommitLog(config) if log is None else DLedgerCommitLog(log)
 
 
 class KeyQueryResult(list):

@@ -2,9 +2,9 @@
 T10) against what RocketMQ stored, served and answered in its DLedger fixtures.
 
 ``dump``, ``get`` (offset, offsetMsgId, queue position), ``query-key`` and ``stats`` give
-RocketMQ's answers; a DLedger store is never reported empty; verify and the writing
-commands refuse with one line naming DLedger (their work packages come later); no read
-changes a byte."""
+RocketMQ's answers; a DLedger store is never reported empty; the writing commands refuse
+with one line naming DLedger (their work packages come later; verify is
+tests/test_dledger_verify.py); no read changes a byte."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def test_dump_gives_every_message_rocketmq_stored_never_an_empty_store(name):
     assert len(got) == len(stored) == 500 and got[0]["commitLogOffset"] == 48
     for row, s in zip(got, stored):  # entry order is put order
         same_message(row, s)
-    assert "DLedger CommitLog (dledger-n0/): reads are supported" in err
+    assert "DLedger CommitLog (dledger-n0/): reads and verify are supported" in err
     assert "warning" not in err
     # The filters work on record offsets, as on a plain store.
     code, out, _ = cli("dump", root, "-f", "jsonl", "--body", "none", "--topic", "TopicB",
@@ -265,12 +265,11 @@ def test_stats_counts_every_message_and_describes_the_ledger(name):
 
 
 @pytest.mark.parametrize("name", folders())
-def test_verify_and_writes_refuse_naming_dledger_and_change_nothing(name, tmp_path):
+def test_writes_refuse_naming_dledger_and_change_nothing(name, tmp_path):
     store = copy_store(FOLDERS[name], tmp_path / "store")
     before = tree_hashes(store)
     data = store / "dledger-n0" / "data"
     refused = [
-        ["verify", store], ["verify", store, "--deep"],
         ["repair", store, "--dry-run"], ["repair", store, "--yes", "--backup", tmp_path / "b"],
         ["rebuild", store], ["rebuild", store, "--index"], ["rebuild", store, "--consumequeue"],
         ["append", store, "--topic", "TopicA", "--body", "x"],
@@ -284,7 +283,7 @@ def test_verify_and_writes_refuse_naming_dledger_and_change_nothing(name, tmp_pa
         line = error_line(err)
         assert code == 2 and "DLedger CommitLog" in line, (args, err)
         assert '"ok": true' not in out and "0 messages" not in out
-    for op in ("verify", "repair", "rebuild", "append"):
+    for op in ("repair", "rebuild", "append"):
         code, _, err = cli(*next(a for a in refused if a[0] == op))
         assert f"{op}" in error_line(err) and "not supported on it yet" in error_line(err)
     # The store's other files read as they do in a plain store.
@@ -294,19 +293,6 @@ def test_verify_and_writes_refuse_naming_dledger_and_change_nothing(name, tmp_pa
         code, out, err = cli(*args)
         assert code == 0 and out.strip(), (args, err)
     assert tree_hashes(store) == before
-
-
-@pytest.mark.parametrize("name", folders())
-def test_the_library_verify_refuses_a_dledger_store_too(name):
-    """`import rmqstore` callers get the command's refusal, not findings about a missing
-    commitlog/ that a script could take for a verdict on the store."""
-    from rmqstore.errors import UnsupportedStoreError
-    from rmqstore.recovery.verify import verify
-
-    before = tree_hashes(FOLDERS[name])
-    with pytest.raises(UnsupportedStoreError, match="DLedger CommitLog.*not supported on it yet"):
-        verify(FOLDERS[name])
-    assert tree_hashes(FOLDERS[name]) == before
 
 
 # --- damage: never silently wrong ------------------------------------------------------------

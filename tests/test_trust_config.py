@@ -393,12 +393,12 @@ def test_undetermined_index_geometry_reads_warn_and_writes_refuse(undetermined, 
                                      ("rocketmq-5.3.3-dledger", "basic")])
 def test_a_dledger_store_is_read_never_reported_empty_and_the_rest_refuses(fixture, tmp_path):
     """At 5e9440d it verified as "ok, 0 messages" and dump printed nothing, exit 0. Issue #14
-    WP C reads it (tests/test_dledger_read.py checks the answers against RocketMQ's); verify
-    and the writing commands refuse naming DLedger until their work packages land."""
+    WP C reads it (tests/test_dledger_read.py checks the answers against RocketMQ's), WP D1
+    verifies it; the writing commands refuse naming DLedger until their work packages land."""
     store = copy_store(_fixture(*fixture), tmp_path / "store")
     before = tree_hashes(store)
     data = store / "dledger-n0" / "data"
-    reads = {"dump", "get", "query-key", "stats"}
+    reads = {"dump", "get", "query-key", "stats", "verify"}
     for name, args in _commands(store, tmp_path):
         code, out, err = cli(*args)
         if name in reads:
@@ -409,11 +409,13 @@ def test_a_dledger_store_is_read_never_reported_empty_and_the_rest_refuses(fixtu
                 assert code == 0 and json.loads(out)["commitLogOffset"] == 48, err
             elif name == "stats":
                 assert code == 0 and json.loads(out)["commitLog"]["messages"] == 500, err
+            elif name == "verify":  # WP D1: tests/test_dledger_verify.py checks the findings
+                assert code in (0, 1) and json.loads(out)["messages"] == 500, err
             elif name == "dump":
                 assert code == 0 and len(out.splitlines()) == 2, err
             else:
                 assert code == 0 and out.strip(), (name, err)
-            assert "reads are supported" in err, (name, err)
+            assert "reads and verify are supported" in err, (name, err)
             continue
         assert code == 2, (name, code, out, err)
         assert "DLedger CommitLog" in _error_line(err), (name, err)

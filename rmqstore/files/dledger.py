@@ -41,7 +41,7 @@ from .segments import Segment, SegmentQueue
 
 __all__ = ["DLedgerLog", "DLedgerCommitLog", "ChainEnd", "EntryRun", "open_ledger", "find_ledger_dirs", "list_files",
            "read_checkpoint", "read_currterm", "LedgerCheckpoint", "CurrTerm", "LedgerFiles",
-           "entry_pos", "record_offset", "CLEAN_ENDS", "END_NO_FILES", "END_SIZE_ZERO",
+           "entry_pos", "record_offset", "CLEAN_ENDS", "ledger_for", "END_NO_FILES", "END_SIZE_ZERO",
            "END_LAST_BLANK", "END_SHORT", "END_BAD_POS", "END_BAD_BODY_SIZE", "END_PAST_FILE",
            "END_BAD_MAGIC", "END_BAD_INDEX", "END_BAD_TERM", "END_TOO_SMALL"]
 
@@ -180,6 +180,11 @@ class DLedgerLog(ChainWalk):
         """(magic, pos, size, index, term) of index unit ``i``, or None when absent."""
         return self._index.unit(i)
 
+    def index_units(self, i: int, n: int):
+        """Up to ``n`` index units from unit ``i`` on (numpy, fields of
+        :data:`~rmqstore.format.dledger_layout.DLedgerIndexUnit`), stopping at a missing one."""
+        return self._index.units(i, n)
+
     # --- the walk -----------------------------------------------------------------------
 
     def records(self) -> Iterator[tuple[int, memoryview]]:
@@ -205,6 +210,33 @@ def open_ledger(path: str | Path, **kw) -> DLedgerLog:
         raise ConfigError("several DLedger folders (" + ", ".join(d.name for d in found)
                           + "): name the one of the broker's dLegerSelfId", p)
     return DLedgerLog(found[0], **kw)
+
+
+def ledger_for(config) -> DLedgerLog | None:
+    """The DLedger log of the store ``config`` describes, or None for a plain CommitLog
+    (design-14 §1; the files decide). A broker.conf that says DLedger where the files do
+    not is a :class:`ConfigError`; a store with both commitlog/ segments and a DLedger log
+    (design-14 §1.9) is not supported yet."""
+    from ..errors import UnsupportedStoreError
+    from .config import SEGMENT_NAME
+    from .listing import entries
+
+    ledgers = find_ledger_dirs(config.root)
+    said = next((d for d in config.features if d.feature.key == "dledger"), None)
+    if not ledgers:
+        if said is not None:
+            raise ConfigError(f"{said.evidence} says the CommitLog is a DLedger CommitLog, but the "
+                              "store has no dledger-<selfId>/ folder; the files are the truth: "
+                              "drop the setting or give the DLedger store's root", config.root)
+        return None
+    if any(SEGMENT_NAME.match(e.name) for d in config.commit_log_dirs if d.is_dir()
+           for e in entries(d)):
+        raise UnsupportedStoreError(
+            f"the store has both commitlog/ segments and a DLedger CommitLog ({ledgers[0].name}/): "
+            "a broker switched to DLedger on an old store; reading both as one log is not "
+            "supported yet; nothing was read", config.root)
+    # The files decided mappedFileSizeCommitLog (load_config): the data files' size.
+    return open_ledger(config.root, data_file_size=config.mapped_file_size_commit_log)
 
 
 class DLedgerCommitLog:

@@ -42,12 +42,16 @@ class Feature:
     missed: str = ""  # what reads do not cover, for the warning
     reads_complete: bool = False  # reads cover it fully: a note, not a warning
 
+    @property
+    def verified(self) -> bool:
+        """verify checks it fully (no ``store-feature`` warning)."""
+        return self.status == SUPPORTED or (self.reads_complete and "verify" not in self.refuses)
+
 
 FEATURES = {f.key: f for f in (
-    # Reads (dump, get, query-key, stats) are supported (design-14 WP C); verify and the
-    # writing commands wait for their work packages (D1, G, D2) and refuse meanwhile.
-    Feature("dledger", "a DLedger CommitLog", PARTIAL,
-            ("verify",) + WRITES, reads_complete=True),
+    # Reads (dump, get, query-key, stats) and verify are supported (design-14 WP C, D1);
+    # the writing commands wait for their work packages (D2, G) and refuse meanwhile.
+    Feature("dledger", "a DLedger CommitLog", PARTIAL, WRITES, reads_complete=True),
     Feature("rocksdb-cq", "a RocksDB consume queue", UNSUPPORTED),
     Feature("store-plugin", "a message store plug-in (tiered storage)", UNSUPPORTED),
     Feature("batch-cq", "BatchConsumeQueue topics", PARTIAL,
@@ -86,7 +90,8 @@ class Detected:
         if f.status == SUPPORTED:
             return f"the store uses {f.what} ({self.evidence}): supported"
         if f.reads_complete:
-            return (f"the store uses {f.what} ({self.evidence}): reads are supported; "
+            return (f"the store uses {f.what} ({self.evidence}): reads"
+                    + (" and verify are" if f.verified else " are") + " supported; "
                     f"{_join(f.refuses)} " + ("refuses" if len(f.refuses) == 1 else "refuse")
                     + " (not supported yet)")
         return (f"the store uses {f.what} ({self.evidence}), which rmqstore does not understand "
@@ -237,7 +242,8 @@ def refuse_operation(cfg, operation: str) -> None:
             if f.reads_complete:
                 raise UnsupportedStoreError(
                     f"{operation} refused: the store uses {f.what} ({d.evidence}); rmqstore "
-                    f"reads it (dump, get, query-key, stats), {operation} is not supported "
+                    f"reads it (dump, get, query-key, stats{', verify' if f.verified else ''}), "
+                    f"{operation} is not supported "
                     "on it yet (nothing was changed)", root)
             raise UnsupportedStoreError(
                 f"{operation} refused: the store uses {f.what} ({d.evidence}), which "

@@ -53,6 +53,18 @@ CODES = {
     "index-missing-keys": (ERROR, "(deep) keys of messages the index does not hold"),
     "index-stray-entries": (ERROR, "(deep) entries whose record carries no key with that hash"),
     "index-duplicate": (INFO, "(deep) a record indexed twice by a re-dispatch (spec §14.7)"),
+    # DLedger CommitLogs (design-14 §1.10; rmqstore.recovery.verify_dledger)
+    "dledger-end": (INFO, "where DLedger's recovery ends the entry chain, and why"),
+    "dledger-torn": (ERROR, "non-zero bytes after the end of the entry chain (a torn entry, or "
+                            "data files DLedger's recovery deletes)"),
+    "dledger-chain-break": (ERROR, "the entry chain breaks in a data file DLedger's recovery does "
+                                   "not walk; readers skip the rest of that file"),
+    "dledger-index-mismatch": (WARNING, "DLedger index units that differ from their entries"),
+    "dledger-index-missing": (WARNING, "entries with no DLedger index unit"),
+    "dledger-record-bad": (ERROR, "a record inside a kept entry that is not a valid record or "
+                                  "whose body fails its CRC"),
+    "dledger-uncommitted": (INFO, "entries after the committedIndex of dledger-*/checkpoint"),
+    "dledger-files": (ERROR, "DLedger data/index/checkpoint files DLedger would refuse to load"),
     "checkpoint": (WARNING, "checkpoint missing, unreadable, behind or ahead of the data"),
     "abort-present": (WARNING, "the last broker run did not shut down cleanly"),
     "store-locked": (WARNING, "a process (a broker?) holds the store lock; files may change"),

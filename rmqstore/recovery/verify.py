@@ -267,10 +267,12 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
            check_crc: bool = True, processes: int | None = None,
            progress: Callable[[int, int], None] | None = None) -> VerifyReport:
     """Check the store at ``root`` and return every finding. Read-only."""
+    from ..files.dledger import ledger_for
     from ..files.storekind import refuse_operation
     from ..scan.per_queue import dispatched
     from ..scan.runner import scan_commitlog
     from .verify_cq import check_consume_queues
+    from .verify_dledger import verify_dledger
     from .verify_index import check_index
     from .verify_state import check_state
 
@@ -281,11 +283,10 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
         raise NotAStoreError("not a RocketMQ store root (no commitlog, consumequeue, index "
                              "or checkpoint)", root)
     cfg = config_for(root, config)
-    # A DLedger store: one clear refusal, never "ok, 0 messages" (design-14 §1.10).
     refuse_operation(cfg, "verify")
     c = Collector(root)
     for d in cfg.features:  # never a silent "ok" on what is not checked
-        if not d.feature.reads_complete:
+        if not d.feature.verified:
             c.add("store-feature", None, None, d.message, feature=d.feature.key)
     for name, why in cfg.undetermined.items():
         if name != "max_index_num":  # one finding for the IndexFile pair
@@ -297,6 +298,15 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
             cp = ckpt.read_checkpoint(root)
         except Exception as e:  # noqa: BLE001 - reported as a finding below
             c.add("checkpoint", root / ckpt.CHECKPOINT, 0, f"unreadable: {e}")
+    log = ledger_for(cfg)
+    if log is not None:  # a DLedger CommitLog: entry framing (design-14 §1.10)
+        with log:
+            scan, d, forecast = verify_dledger(c, root, cfg, log, cp, abort, deep=deep,
+                                               check_crc=check_crc, progress=progress)
+            stray_dirs(c, root)
+            interrupted_repair(c, root)
+            return VerifyReport(str(root), c.findings, log.min_offset, scan.end, scan.reason,
+                                d.messages, d.bytes, forecast, time.perf_counter() - t0, scan)
     with SegmentQueue(cfg.commit_log_dirs, cfg.mapped_file_size_commit_log, kind="commitlog") as q:
         scan = scan_commitlog(cfg, check_crc=check_crc, processes=processes,
                               progress=progress, queue=q)

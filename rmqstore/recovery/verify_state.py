@@ -56,11 +56,7 @@ def index_files_deleted(root: Path, cfg, cp) -> list[str]:
 def check_state(c, root: Path, cfg, queue, scan, d, cp, abort: bool):
     from .verify import Forecast
 
-    # Our own lock (repair plans under it) is not a broker's.
-    if not ckpt._held_here(root / ckpt.LOCK) and ckpt.is_locked(root):
-        c.add("store-locked", root / ckpt.LOCK, None,
-              "another process holds the store lock (a running broker?): files may change while "
-              "they are read, and repair/rebuild will refuse to run")
+    check_lock(c, root)
     start = recovery_start(queue, cp, cfg, abort)
     cut = min([o for o in scan.damaged if o >= start] + [scan.end])
     deleted = index_files_deleted(root, cfg, cp) if abort else []
@@ -74,14 +70,29 @@ def check_state(c, root: Path, cfg, queue, scan, d, cp, abort: bool):
                  "indexMsgTimestamp) and re-indexes" if deleted else "")
               + ". `rmqstore repair` does the same offline, with a backup",
               startOffset=start, cutAt=cut, indexFilesDeleted=deleted)
+    check_checkpoint(c, root, cfg, scan, d, cp, abort)
+    return forecast
+
+
+def check_lock(c, root: Path) -> None:
+    """A process holding the store lock (a broker?). Our own lock (repair plans under it)
+    is not a broker's."""
+    if not ckpt._held_here(root / ckpt.LOCK) and ckpt.is_locked(root):
+        c.add("store-locked", root / ckpt.LOCK, None,
+              "another process holds the store lock (a running broker?): files may change while "
+              "they are read, and repair/rebuild will refuse to run")
+
+
+def check_checkpoint(c, root: Path, cfg, scan, d, cp, abort: bool) -> None:
+    """The checkpoint against the data: missing, behind or ahead of the records."""
     if not scan.count:
-        return forecast
+        return
     path = root / ckpt.CHECKPOINT
     if cp is None:
         if not path.exists():
             c.add("checkpoint", path, None, "no checkpoint file: a broker creates an all-zero one, "
                   "and after a crash would rescan from the first segment")
-        return forecast
+        return
     last_ts = int(scan.records("store_timestamp").max())
     cq_ts = d.last_cq_timestamp
     notes = []
@@ -102,7 +113,6 @@ def check_state(c, root: Path, cfg, queue, scan, d, cp, abort: bool):
     if notes:
         c.add("checkpoint", path, 0, "; ".join(notes) + " (repair rewrites it)",
               lastMessageTimestamp=last_ts, lastDispatchedTimestamp=cq_ts)
-    return forecast
 
 
 def _last_full_end(root: Path, cfg) -> int | None:

@@ -153,12 +153,14 @@ def segment_dispatch(buf, start: int, limit: int, *, check_crc: bool = True,
                      delay_millis=None, keys: bool = True) -> SegmentDispatch:
     """Everything dispatch and verify need from one segment's bytes."""
     cols, chain_end, stop = scan_segment(buf, start, limit)
-    return _fill(SegmentDispatch(start, limit, chain_end, stop), cols, check_crc,
+    return fill_dispatch(SegmentDispatch(start, limit, chain_end, stop), cols, check_crc,
                  delay_millis, keys)
 
 
-def _fill(out: SegmentDispatch, cols: RecordColumns, check_crc: bool, delay_millis,
-          keys: bool) -> SegmentDispatch:
+def fill_dispatch(out: SegmentDispatch, cols: RecordColumns, check_crc: bool, delay_millis,
+                  keys: bool) -> SegmentDispatch:
+    """``out`` filled with what dispatch and verify need of the records ``cols`` (any
+    framing: the plain chain walk or DLedger entries, :mod:`rmqstore.scan.dledger_scan`)."""
     n = len(cols)
     if n == 0:
         return out
@@ -209,7 +211,7 @@ def split_dispatch(split, check_crc: bool, delay_millis, keys: bool, pack):
             starts, stop_pos, stop = walk_range(w.buf, first, split.end, w.size)
         u8 = np.frombuffer(w.buf, dtype=np.uint8, count=w.size)
         out = SegmentDispatch(base, w.size, base + stop_pos, stop)
-        _fill(out, columns(u8, starts, base), check_crc, delay_millis, keys)
+        fill_dispatch(out, columns(u8, starts, base), check_crc, delay_millis, keys)
         return Boundary(split.split_id, first, stop_pos, stop, len(starts), forced), pack(out)
     finally:
         w.close()
