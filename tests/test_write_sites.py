@@ -71,7 +71,7 @@ REVIEWED = {
     ("remove_tree", "unlink"): "the recursion (links removed as links)",
     ("copy_file", "ftruncate"): "a backup copy, created O_EXCL in the backup",
     # Rebuild: a scratch folder inside the store, swapped in by rename.
-    ("rebuild", "rmtree"): "our scratch folder STORE/.rmqstore-rebuild-<pid>",
+    ("_rebuild", "rmtree"): "our scratch folder STORE/.rmqstore-rebuild-<pid>",
     ("_clean_up", "rmtree"): "our scratch folder",
     ("_cut_queue", "unlink"): "queue files past the cut, listed without following links",
     ("swap_in", "rename"): "scratch consumequeue/ or index/ <-> the store's (refused when "

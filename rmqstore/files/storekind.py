@@ -47,11 +47,19 @@ class Feature:
         """verify checks it fully (no ``store-feature`` warning)."""
         return self.status == SUPPORTED or (self.reads_complete and "verify" not in self.refuses)
 
+    @property
+    def supported_text(self) -> str:
+        """What works on it, for the note: "reads are", "reads, verify and rebuild are"."""
+        ops = ["reads"] + (["verify"] if self.verified else []) + (
+            ["rebuild"] if self.reads_complete and not {"rebuild --consumequeue",
+                                                        "rebuild --index"} & set(self.refuses) else [])
+        return (_join(ops) + (" are" if len(ops) > 1 or ops == ["reads"] else " is"))
+
 
 FEATURES = {f.key: f for f in (
-    # Reads (dump, get, query-key, stats) and verify are supported (design-14 WP C, D1);
-    # the writing commands wait for their work packages (D2, G) and refuse meanwhile.
-    Feature("dledger", "a DLedger CommitLog", PARTIAL, WRITES, reads_complete=True),
+    # Reads (dump, get, query-key, stats), verify and rebuild are supported (design-14 WP C,
+    # D1); repair (WP G) and append (entries need the Raft group's term, D3) refuse.
+    Feature("dledger", "a DLedger CommitLog", PARTIAL, ("repair", "append"), reads_complete=True),
     Feature("rocksdb-cq", "a RocksDB consume queue", UNSUPPORTED),
     Feature("store-plugin", "a message store plug-in (tiered storage)", UNSUPPORTED),
     Feature("batch-cq", "BatchConsumeQueue topics", PARTIAL,
@@ -90,8 +98,7 @@ class Detected:
         if f.status == SUPPORTED:
             return f"the store uses {f.what} ({self.evidence}): supported"
         if f.reads_complete:
-            return (f"the store uses {f.what} ({self.evidence}): reads"
-                    + (" and verify are" if f.verified else " are") + " supported; "
+            return (f"the store uses {f.what} ({self.evidence}): {f.supported_text} supported; "
                     f"{_join(f.refuses)} " + ("refuses" if len(f.refuses) == 1 else "refuse")
                     + " (not supported yet)")
         return (f"the store uses {f.what} ({self.evidence}), which rmqstore does not understand "
@@ -242,7 +249,7 @@ def refuse_operation(cfg, operation: str) -> None:
             if f.reads_complete:
                 raise UnsupportedStoreError(
                     f"{operation} refused: the store uses {f.what} ({d.evidence}); rmqstore "
-                    f"reads it (dump, get, query-key, stats{', verify' if f.verified else ''}), "
+                    f"reads it (dump, get, query-key, stats; {f.supported_text} supported), "
                     f"{operation} is not supported "
                     "on it yet (nothing was changed)", root)
             raise UnsupportedStoreError(

@@ -103,10 +103,11 @@ def _refuse_unsafe_topics(cfg: StoreConfig, d: Dispatched) -> None:
             path, pos)
 
 
-def _refuse_unit_loss(root: Path, cfg: StoreConfig, scan: StoreScan) -> None:
+def _refuse_unit_loss(root: Path, cfg: StoreConfig, scan: StoreScan, ledger=None) -> None:
     """RefusedError when the rebuilt queues would drop units the evidence does not
     condemn (:func:`rmqstore.recovery.guard.unit_loss`): no unit of a rebuilt queue points at or
-    past the verified end, so every existing one there is dropped."""
+    past the verified end, so every existing one there is dropped. On a DLedger log
+    (``ledger``) any such unit refuses: the survivor search knows no entry framing yet."""
     from ..scan.survivors import find_survivors
     from .guard import refused_error, unit_loss, units_from
 
@@ -119,6 +120,11 @@ def _refuse_unit_loss(root: Path, cfg: StoreConfig, scan: StoreScan) -> None:
     offs = np.unique(np.concatenate(offs)) if offs else np.zeros(0, np.int64)
     if not len(offs):
         return
+    if ledger is not None:
+        raise refused_error(f"rebuild of {root}", [
+            f"the rebuilt ConsumeQueues would drop {len(offs)} unit(s) pointing at or past the "
+            f"end of the DLedger entry chain {scan.end} (DLedger's recovery cuts there); "
+            "--allow-data-loss drops them as the broker would"])
     with SegmentQueue(cfg.commit_log_dirs, cfg.mapped_file_size_commit_log,
                       kind="commitlog") as q:
         why = unit_loss(q, find_survivors(q, scan.end, cfg.max_message_size + 65536), offs,
@@ -202,7 +208,9 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
     ``consumequeue/``/``index/`` is a symbolic link (the swap would replace the link).
     """
     root = Path(root)
-    if not (root / "commitlog").is_dir() and config is None:
+    from ..files.dledger import find_ledger_dirs, ledger_for
+
+    if not (root / "commitlog").is_dir() and config is None and not find_ledger_dirs(root):
         raise NotAStoreError("not a RocketMQ store root (no commitlog/)", root)
     cfg = config_for(root, config)
     from ..files.storekind import require_writable
@@ -218,6 +226,18 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
                 "outside the disk it points to; rebuild refuses. `rmqstore repair` works in "
                 "place, or mount the disk at this path", root / name)
     t0 = time.perf_counter()
+    ledger = ledger_for(cfg)  # a DLedger CommitLog: its entries are the log (design-14 §1.8)
+    try:
+        return _rebuild(root, cfg, ledger, consume_queue, index, from_offset, processes,
+                        progress, clock, fsync, allow_data_loss, t0)
+    finally:
+        if ledger is not None:
+            ledger.close()
+
+
+def _rebuild(root: Path, cfg: StoreConfig, ledger, consume_queue: bool, index: bool,
+             from_offset: int | None, processes, progress, clock, fsync: bool,
+             allow_data_loss: bool, t0: float) -> RebuildResult:
     with ckpt.hold_lock(root):
         from ..files.repair_marker import refuse_if_unfinished
 
@@ -233,18 +253,24 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
         swapped: list[str] = []
         try:
             want_index = index and cfg.message_index_enable
-            if not start:  # the files are built while the scan runs (rmqstore.recovery.rebuild_writers)
-                live = Live(scratch, cfg, clock, queues=consume_queue, index=want_index)
-            task = functools.partial(grouped_split, delay_millis=cfg.delay_millis, keys=index)
-            chains = scan_chains(cfg, task, processes=processes, progress=progress,
-                                 on_part=live, shared=GROUPED_SHARE)
             index_from = _kept_index_end(root, cfg, start) if index and start else start
-            dispatch = functools.partial(grouped_dispatch, chains,
-                                         cfg.mapped_file_size_commit_log, start, index_from,
-                                         store_timestamp_at=store_timestamp_at(cfg))
-            # With the files built live, the units and puts need only be counted.
-            scan, d, d_index = dispatch(join=live is None)
             built_cq = built = None
+            if ledger is not None:  # DLedger framing: the entries give the record starts
+                from ..scan.dledger_scan import dledger_dispatch
+
+                scan, d, d_index = dledger_dispatch(ledger, start, index_from,
+                                                    delay_millis=cfg.delay_millis, keys=index)
+            else:
+                if not start:  # the files are built while the scan runs (rebuild_writers)
+                    live = Live(scratch, cfg, clock, queues=consume_queue, index=want_index)
+                task = functools.partial(grouped_split, delay_millis=cfg.delay_millis, keys=index)
+                chains = scan_chains(cfg, task, processes=processes, progress=progress,
+                                     on_part=live, shared=GROUPED_SHARE)
+                dispatch = functools.partial(grouped_dispatch, chains,
+                                             cfg.mapped_file_size_commit_log, start, index_from,
+                                             store_timestamp_at=store_timestamp_at(cfg))
+                # With the files built live, the units and puts need only be counted.
+                scan, d, d_index = dispatch(join=live is None)
             if live is not None:
                 built_cq, built = live.finish(d, d_index, fsync)
                 live = None
@@ -261,7 +287,7 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
                     job = Child(build) if both else Done(build)
             if consume_queue:
                 if not allow_data_loss:
-                    _refuse_unit_loss(root, cfg, scan)
+                    _refuse_unit_loss(root, cfg, scan, ledger)
                 if built_cq is None:
                     _refuse_unsafe_topics(cfg, d)
                 units = built_cq if built_cq is not None else \
@@ -273,7 +299,7 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
                 job = None
                 _swap(scratch, root, "index")
                 swapped.append("IndexFiles")
-            _update_checkpoint(root, cfg, d, consume_queue and not start)
+            _update_checkpoint(root, cfg, d, consume_queue and not start, ledger is not None)
         except BaseException as e:
             _clean_up(live, job, scratch)
             if isinstance(e, (StoreIOError, OSError)):
@@ -408,15 +434,19 @@ def _kept_index_end(root: Path, cfg: StoreConfig, start: int) -> int:
     return end
 
 
-def _update_checkpoint(root: Path, cfg: StoreConfig, d: Dispatched, cq_full: bool) -> None:
+def _update_checkpoint(root: Path, cfg: StoreConfig, d: Dispatched, cq_full: bool,
+                       dledger: bool = False) -> None:
     """logicsMsgTimestamp follows the last CQ write; indexMsgTimestamp the last full
-    index file (spec §8.1). Other fields are kept."""
+    index file (spec §8.1). Other fields are kept, but for a DLedger store the CQ
+    dispatch also sets physicMsgTimestamp (design-14 §1.6, §1.8)."""
     path = root / ckpt.CHECKPOINT
     cp = ckpt.read_checkpoint(path) if path.exists() else ckpt.Checkpoint()
     if cq_full and d.last_cq_timestamp:
         cp.logics_msg_timestamp = d.last_cq_timestamp
     elif d.last_cq_timestamp:
         cp.logics_msg_timestamp = max(cp.logics_msg_timestamp, d.last_cq_timestamp)
+    if dledger and d.last_cq_timestamp:
+        cp.physic_msg_timestamp = cp.logics_msg_timestamp
     full_end = last_full_index_timestamp(root / "index", IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num))
     if full_end is not None:
         cp.index_msg_timestamp = full_end

@@ -101,3 +101,15 @@ def dledger_scan(log, *, check_crc: bool = True, delay_millis=None,
                for j, n in enumerate(names)}
     return DLedgerScan(parts, kept, ValidEnd(end.offset, end.reason, sum(kept)), end_seg,
                        damaged, chain=end, bad=bad, paths=paths, entries=entries)
+
+
+def dledger_dispatch(log, from_offset: int = 0, index_from: int | None = None, *,
+                     delay_millis=None, keys: bool = True):
+    """(scan, Dispatched for the ConsumeQueues from ``from_offset``, Dispatched for the
+    IndexFiles from ``index_from``) of a DLedger log: what rebuild writes (design-14 §1.8)."""
+    from .per_queue import dispatched
+
+    scan = dledger_scan(log, delay_millis=delay_millis, keys=keys)
+    index_from = from_offset if index_from is None else index_from
+    d = dispatched(scan, from_offset)
+    return scan, d, (d if index_from == from_offset else dispatched(scan, index_from))
