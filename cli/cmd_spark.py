@@ -56,7 +56,7 @@ def _confs(items: Optional[List[str]]) -> dict[str, str]:
 
 def _start(stores: List[str], *, master: Optional[str], conf: Optional[List[str]], python: Optional[str],
            config: Optional[Path] = None, out: Optional[str] = None, local_only: Optional[str] = None,
-           write: Optional[str] = None):
+           write: Optional[str] = None, dledger: bool = False):
     """Check everything that can be checked without Spark (``write``: as
     :func:`rmqstore.files.storekind.require_writable` checks it), then start it; the stores'
     configuration notes and warnings go to stderr. Returns the jobs module, the session,
@@ -72,7 +72,7 @@ def _start(stores: List[str], *, master: Optional[str], conf: Optional[List[str]
     progress("checking config, stores, output, Python and Java")
     master = preflight.resolve_master(master)
     ready = preflight.run(stores, out=out, conf=config, master=master, python=python,
-                          spark_conf=confs, local_only=local_only, write=write)
+                          spark_conf=confs, local_only=local_only, write=write, dledger=dledger)
     for cfg in ready.configs.values():
         report_config(cfg)
     progress(f"executors' Python: {ready.python} ({ready.python_from})")
@@ -146,7 +146,7 @@ def export(
                   since=since, until=until, tz=tz, from_offset=from_offset,
                   to_offset=to_offset, max_bytes=max_bytes, limit=limit)
     jobs, spark, progress, ready = _start(stores, master=master, conf=conf, python=python,
-                                          config=config, out=out_dir)
+                                          config=config, out=out_dir, dledger=True)
     r = jobs.export(spark, ready.stores, ready.out, split_size=size, partition_by=partition_by,
                     body=body, writer=writer, conf=config, filter=flt, progress=progress)
     progress("done")

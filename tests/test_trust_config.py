@@ -424,7 +424,6 @@ def test_a_dledger_store_is_read_never_reported_empty_and_the_rest_refuses(fixtu
     for name, args in [("dump data file", ["dump", sorted(data.iterdir())[0]]),
                        ("dump data dir", ["dump", data]),
                        ("spark stats", ["spark", "stats", store]),
-                       ("spark export", ["spark", "export", store, "--out", tmp_path / "export"]),
                        ("spark audit", ["spark", "audit", store])]:
         code, out, err = cli(*args)
         assert code == 2 and "DLedger CommitLog" in _error_line(err), (name, err)

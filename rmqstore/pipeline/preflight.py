@@ -184,11 +184,13 @@ def check_config(conf: str | os.PathLike | None) -> None:
 
 
 def check_store(store: str, conf: str | os.PathLike | None = None, *,
-                local_only: str | None = None, write: str | None = None):
+                local_only: str | None = None, write: str | None = None,
+                dledger: bool = False):
     """(the store root's absolute URI, its configuration or None for a remote store), after
     the checks the non-Spark commands make and an open of each CommitLog file.
     ``local_only``: the reason a remote store is refused; ``write``: the writing operation
-    whose refusals (:func:`rmqstore.files.storekind.require_writable`) apply."""
+    whose refusals (:func:`rmqstore.files.storekind.require_writable`) apply; ``dledger``:
+    the job reads DLedger stores (export, design-14 D1), else they are refused."""
     uri = absolute_uri(store)
     if S.is_remote(uri):
         if local_only:
@@ -208,11 +210,11 @@ def check_store(store: str, conf: str | os.PathLike | None = None, *,
         raise NotAStoreError(f"is a {kind.kind.replace('-', ' ')}, not a store root", store)
     with open_store(path, conf) as reader:
         cfg = reader.config
-        if reader.framing == "dledger":  # scan-side DLedger framing is design-14 WP D1
+        if reader.framing == "dledger" and not dledger:  # only export reads it (WP D1)
             raise UnsupportedStoreError(
-                f"the store uses a DLedger CommitLog ({reader.dledger.ledger_dir.name}/): the "
-                "Spark commands do not read it yet; rmqstore dump, get, query-key and stats "
-                "do; nothing was read", path)
+                f"the store uses a DLedger CommitLog ({reader.dledger.ledger_dir.name}/): this "
+                "Spark command does not read it yet; spark export, rmqstore dump, get, "
+                "query-key, stats and verify do; nothing was read", path)
     if write:
         from ..files.storekind import require_writable
 
@@ -280,10 +282,12 @@ class Ready:
 def run(stores: Sequence[str], *, out: str | None = None, conf: str | os.PathLike | None = None,
         master: str | None = "local[*]", python: str | None = None,
         spark_conf: Mapping[str, str] | None = None, local_only: str | None = None,
-        write: str | None = None, env: Mapping[str, str] | None = None) -> Ready:
+        write: str | None = None, env: Mapping[str, str] | None = None,
+        dledger: bool = False) -> Ready:
     """Every check, cheapest first; raises the first failure."""
     check_config(conf)
-    found = {s: check_store(s, conf, local_only=local_only, write=write) for s in dict.fromkeys(stores)}
+    found = {s: check_store(s, conf, local_only=local_only, write=write, dledger=dledger)
+             for s in dict.fromkeys(stores)}
     roots = {s: uri for s, (uri, _) in found.items()}
     configs = {s: cfg for s, (_, cfg) in found.items() if cfg is not None}
     out_uri = None

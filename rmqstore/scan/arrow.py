@@ -20,7 +20,10 @@ from ..format.message import Host, offset_msg_ids
 
 # --- decoded columns (Arrow) ---------------------------------------------------------------
 
-_SPAN_PARTS = 6  # header, body, topic length, topic, properties length, properties
+#: header, body, topic length, topic, properties length, properties, and what lies between
+#: the properties' end and the next record (nothing on a record chain; a DLedger entry
+#: header between the records of a DLedger log, design-14 D1).
+_SPAN_PARTS = 7
 _BODY, _TOPIC, _PROPS = 1, 3, 5
 
 
@@ -76,8 +79,8 @@ def _offset_msg_ids(hosts: dict, phys: np.ndarray):
 
 def _spans(records: scan.RecordColumns):
     """A binary array over the window whose elements are each record's header, body,
-    topic length, topic, properties length and properties, back to back (records are
-    contiguous on the chain). ``take`` then gathers bodies or topics without a loop."""
+    topic length, topic, properties length and properties, then the gap to the next
+    record, back to back. ``take`` then gathers bodies or topics without a loop."""
     import pyarrow as pa
 
     n = len(records)
@@ -88,6 +91,7 @@ def _spans(records: scan.RecordColumns):
     cuts[:, 3] = records.topic_pos
     cuts[:, 4] = records.topic_pos + records.topic_len
     cuts[:, 5] = records.props_pos
+    cuts[:, 6] = records.props_pos + records.props_len
     offsets = np.empty(n * _SPAN_PARTS + 1, np.int64)
     offsets[:-1] = cuts.reshape(-1)
     offsets[-1] = records.props_pos[-1] + records.props_len[-1] if n else 0

@@ -37,6 +37,11 @@ class Split:
     #: Forced first record position: no resync. One below ``begin`` (a range's first split
     #: read alone) walks the chain from there, and only the records from ``begin`` are read.
     start: int | None = None
+    #: "dledger": the file is a DLedger data file; ``begin`` is an entry start the driver
+    #: found (:mod:`rmqstore.scan.dledger_splits`) and entries are walked, never resynced.
+    framing: str = "plain"
+    #: DLedger: why the file's valid entries end after this split (its last one), else None.
+    stop_hint: str | None = None
 
     def with_start(self, start: int) -> Split:
         return dataclasses.replace(self, start=start)
@@ -73,6 +78,8 @@ class StoreFiles:
     max_record: int
     files: list[tuple[str, int, int]]  # (path, start offset, file length)
     delay_millis: tuple[int, ...]
+    framing: str = "plain"  # "dledger": DLedger data files (design-14 D1)
+    ledger: str | None = None  # the dledger-<selfId> folder (local stores)
 
 
 def list_store(store: str, *, segment_size: int | None = None, conf=None,
@@ -95,6 +102,11 @@ def list_store(store: str, *, segment_size: int | None = None, conf=None,
             cfg = config.with_values(**overrides) if overrides else config
         else:
             cfg = load_config(root, conf, overrides)
+        from .dledger_splits import list_ledger
+
+        sf = list_ledger(store, cfg)
+        if sf is not None:
+            return sf
         found: dict[int, tuple[str, int]] = {}
         for d in cfg.commit_log_dirs:
             for e in entries(d):  # links inside the store are not followed
@@ -131,6 +143,11 @@ def plan_splits(stores: Sequence[str] | Sequence[StoreFiles], split_size: int = 
     out: list[Split] = []
     for st in stores:
         sf = st if isinstance(st, StoreFiles) else list_store(st)
+        if sf.framing == "dledger":
+            from .dledger_splits import plan_ledger
+
+            out += plan_ledger(sf, split_size, len(out))
+            continue
         prev_end = None
         for fi, (path, start, length) in enumerate(sf.files):
             readable = min(length, sf.segment_size)

@@ -315,6 +315,11 @@ def _chain(w: Window, first: int, end: int) -> tuple[scan.RecordColumns, int, st
 
 
 def _read(w: Window, s: Split) -> SplitScan:
+    if s.framing == "dledger":  # entries at known starts (design-14 D1)
+        from .dledger_splits import read_ledger_split
+
+        cols, b = read_ledger_split(w, s)
+        return SplitScan(s, cols, b, w)
     forced = s.start is not None or s.begin == 0
     first = (s.start if s.start is not None else s.begin) if forced else resync(w, s.begin, s.end)
     pos, stop = (s.begin, "none") if first is None else (first, "range")
