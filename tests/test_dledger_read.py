@@ -3,8 +3,8 @@ T10) against what RocketMQ stored, served and answered in its DLedger fixtures.
 
 ``dump``, ``get`` (offset, offsetMsgId, queue position), ``query-key`` and ``stats`` give
 RocketMQ's answers; a DLedger store is never reported empty; the writing commands refuse
-with one line naming DLedger (their work packages come later; verify and rebuild are
-tests/test_dledger_verify.py and tests/test_dledger_rebuild.py); no read changes a byte."""
+with one line naming DLedger (verify, rebuild, repair and spark export are
+tests/test_dledger_{verify,rebuild,repair,spark}.py); no read changes a byte."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def test_dump_gives_every_message_rocketmq_stored_never_an_empty_store(name):
     assert len(got) == len(stored) == 500 and got[0]["commitLogOffset"] == 48
     for row, s in zip(got, stored):  # entry order is put order
         same_message(row, s)
-    assert "DLedger CommitLog (dledger-n0/): reads, verify and rebuild are supported" in err
+    assert "DLedger CommitLog (dledger-n0/): reads, verify, rebuild and repair are supported" in err
     assert "warning" not in err
     # The filters work on record offsets, as on a plain store.
     code, out, _ = cli("dump", root, "-f", "jsonl", "--body", "none", "--topic", "TopicB",
@@ -270,7 +270,6 @@ def test_writes_refuse_naming_dledger_and_change_nothing(name, tmp_path):
     before = tree_hashes(store)
     data = store / "dledger-n0" / "data"
     refused = [
-        ["repair", store, "--dry-run"], ["repair", store, "--yes", "--backup", tmp_path / "b"],
         ["append", store, "--topic", "TopicA", "--body", "x"],
         ["dump", store, "--follow", "-f", "jsonl"],
         ["spark", "stats", store],
@@ -282,7 +281,7 @@ def test_writes_refuse_naming_dledger_and_change_nothing(name, tmp_path):
         line = error_line(err)
         assert code == 2 and "DLedger CommitLog" in line, (args, err)
         assert '"ok": true' not in out and "0 messages" not in out
-    for op in ("repair", "append"):
+    for op in ("append",):
         code, _, err = cli(*next(a for a in refused if a[0] == op))
         assert f"{op}" in error_line(err) and "not supported on it yet" in error_line(err)
     # The store's other files read as they do in a plain store.

@@ -394,13 +394,13 @@ def test_undetermined_index_geometry_reads_warn_and_writes_refuse(undetermined, 
 def test_a_dledger_store_is_read_never_reported_empty_and_the_rest_refuses(fixture, tmp_path):
     """At 5e9440d it verified as "ok, 0 messages" and dump printed nothing, exit 0. Issue #14
     WP C reads it (tests/test_dledger_read.py checks the answers against RocketMQ's), WP D1
-    verifies and rebuilds it; repair and append refuse naming DLedger until their work packages land."""
+    verifies, rebuilds and repairs it; append refuses naming DLedger (design-14 D3)."""
     store = copy_store(_fixture(*fixture), tmp_path / "store")
     before = tree_hashes(store)
     data = store / "dledger-n0" / "data"
-    reads = {"dump", "get", "query-key", "stats", "verify"}
+    reads = {"dump", "get", "query-key", "stats", "verify", "repair --dry-run"}
     for name, args in _commands(store, tmp_path):
-        if name == "rebuild":  # WP D1 rebuilds it (a write): tests/test_dledger_rebuild.py
+        if name in ("rebuild", "repair --yes"):  # writes: tests/test_dledger_{rebuild,repair}.py
             continue
         code, out, err = cli(*args)
         if name in reads:
@@ -413,11 +413,13 @@ def test_a_dledger_store_is_read_never_reported_empty_and_the_rest_refuses(fixtu
                 assert code == 0 and json.loads(out)["commitLog"]["messages"] == 500, err
             elif name == "verify":  # WP D1: tests/test_dledger_verify.py checks the findings
                 assert code in (0, 1) and json.loads(out)["messages"] == 500, err
+            elif name == "repair --dry-run":  # WP G: tests/test_dledger_repair.py
+                assert code in (0, 1), err
             elif name == "dump":
                 assert code == 0 and len(out.splitlines()) == 2, err
             else:
                 assert code == 0 and out.strip(), (name, err)
-            assert "reads, verify and rebuild are supported" in err, (name, err)
+            assert "reads, verify, rebuild and repair are supported" in err, (name, err)
             continue
         assert code == 2, (name, code, out, err)
         assert "DLedger CommitLog" in _error_line(err), (name, err)

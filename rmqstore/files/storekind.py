@@ -52,14 +52,16 @@ class Feature:
         """What works on it, for the note: "reads are", "reads, verify and rebuild are"."""
         ops = ["reads"] + (["verify"] if self.verified else []) + (
             ["rebuild"] if self.reads_complete and not {"rebuild --consumequeue",
-                                                        "rebuild --index"} & set(self.refuses) else [])
+                                                        "rebuild --index"} & set(self.refuses) else []) + (
+            ["repair"] if self.reads_complete and "repair" not in self.refuses else [])
         return (_join(ops) + (" are" if len(ops) > 1 or ops == ["reads"] else " is"))
 
 
 FEATURES = {f.key: f for f in (
-    # Reads (dump, get, query-key, stats), verify and rebuild are supported (design-14 WP C,
-    # D1); repair (WP G) and append (entries need the Raft group's term, D3) refuse.
-    Feature("dledger", "a DLedger CommitLog", PARTIAL, ("repair", "append"), reads_complete=True),
+    # Reads (dump, get, query-key, stats), verify, rebuild and repair are supported
+    # (design-14 WP C, D1, G: repair never writes dledger-*/); append refuses (entries
+    # need the Raft group's term and index, D3).
+    Feature("dledger", "a DLedger CommitLog", PARTIAL, ("append",), reads_complete=True),
     Feature("rocksdb-cq", "a RocksDB consume queue", UNSUPPORTED),
     Feature("store-plugin", "a message store plug-in (tiered storage)", UNSUPPORTED),
     Feature("batch-cq", "BatchConsumeQueue topics", PARTIAL,

@@ -99,6 +99,11 @@ def plan_repair(root: str | os.PathLike, *, config: StoreConfig | None = None,
         if why:
             unfixed.append((f, why))
     refused = refused_steps(root, cfg, rep, steps, backup)
+    from . import repair_dledger as DL  # a DLedger store: never dledger-*/ (design-14 D3)
+
+    if DL.is_dledger(rep):  # the guard's plain-framing evidence says nothing of these
+        refused = [(s, w) for s, w in refused if s.action in DL.STEPS] + DL.refused(rep, steps)
+    unfixed += DL.unfixed(rep)
     return RepairPlan(str(root), steps, rep, unfixed, refused)
 
 

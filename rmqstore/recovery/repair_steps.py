@@ -506,6 +506,8 @@ def _fix_checkpoint(ctx: StepContext) -> None:
     cp.physic_msg_timestamp = min(cp.physic_msg_timestamp, last)
     if d.last_cq_timestamp:
         cp.logics_msg_timestamp = d.last_cq_timestamp
+        if getattr(scan, "chain", None) is not None:  # DLedger: dispatch sets both (design-14 §1.6)
+            cp.physic_msg_timestamp = cp.logics_msg_timestamp
     full = last_full_index_timestamp(root / "index", ctx.geometry)
     cp.index_msg_timestamp = full if full is not None else min(cp.index_msg_timestamp, last)
     if cfg.broker_version != "4.9":

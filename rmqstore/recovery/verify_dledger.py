@@ -247,7 +247,8 @@ def forecast_dledger(c, root: Path, cfg, log, scan: DLedgerScan, d, cp, abort: b
               "(DLedgerCommitLog#recover)"
               + (f"; it deletes index file(s) {', '.join(deleted)} (newer than the checkpoint's "
                  f"indexMsgTimestamp) and re-indexes nothing: the keys of {lost} record(s) "
-                 "become unfindable (`rmqstore rebuild --index` restores them)" if deleted else ""),
+                 "become unfindable (`rmqstore repair` removes the same file and re-indexes, with a "
+                 "backup)" if deleted else ""),
               startOffset=end.recovery_start, cutAt=end.offset, indexFilesDeleted=deleted,
               reindexed=False, keyedRecordsLost=lost)
     else:
