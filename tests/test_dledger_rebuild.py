@@ -88,3 +88,16 @@ def test_rebuild_index_restores_the_keys_a_4_9_dledger_crash_loses(tmp_path):
     assert answers() == [sorted(q["phyOffsets"]) for q in m["recovery"]["queries"]] != want
     rebuild(store, consume_queue=False, index=True)
     assert answers() == want
+
+
+def test_rebuild_from_an_offset_keeps_what_is_before(tmp_path):
+    src = FOLDERS["5.3.3/basic"]
+    if not src.is_dir():
+        pytest.skip(NO_DLEDGER)
+    m = json.loads((src / "manifest.json").read_text())
+    store = copy_store(src, tmp_path / "store")
+    r = rebuild(store, from_offset=200_000)
+    assert r.messages == r.units == sum(x["stored"]["phyOffset"] >= 200_000 for x in m["messages"])
+    assert _cq_files(store) == _cq_files(src)
+    v = verify(store, deep=True)  # the last record of the kept index file is indexed again
+    assert v.ok and {f.code for f in v.findings} == {"dledger-end", "index-duplicate"}
