@@ -205,3 +205,18 @@ def test_an_abort_file_on_a_5x_dledger_store_forecasts_a_rescan_that_reindexes(t
     a = one(r, "abort-present")
     assert a.data["reindexed"] is True and a.data["keyedRecordsLost"] == 0
     assert a.data["startOffset"] == r.forecast.start_offset == want == 4 * FILE
+
+
+def test_forced_property_crcs_are_checked_inside_the_entries():
+    """forceVerifyPropCRC on a store whose records carry no __CRC32# (spec §3.8): every
+    record inside the entries is reported missing it, at its record offset (pos + 48)."""
+    from rmqstore.files.config import load_config
+
+    root = need("4.9.8/basic")
+    cfg = load_config(root).with_values(force_verify_prop_crc=True)
+    r = verify(root, config=cfg)
+    missing = [f for f in r.findings if f.code == "prop-crc-missing"]
+    first = missing[0]
+    assert (first.file, first.offset, first.data["commitLogOffset"]) == (
+        f"dledger-n0/data/{0:020d}", 48, 48)
+    assert missing[65].data["commitLogOffset"] == 65584  # entry 65 starts data file 65536

@@ -27,6 +27,7 @@ def verify_dledger(c, root: Path, cfg, log, cp, abort: bool, *, deep: bool, chec
     from .verify import check_topics
     from .verify_cq import check_consume_queues
     from .verify_index import check_index
+    from .verify_prop_crc import check_prop_crc, uses_prop_crc
     from .verify_state import check_checkpoint, check_lock
 
     scan = dledger_scan(log, check_crc=check_crc, delay_millis=cfg.delay_millis)
@@ -34,6 +35,9 @@ def verify_dledger(c, root: Path, cfg, log, cp, abort: bool, *, deep: bool, chec
         total = sum(s.readable_size for s in log.data_files)
         progress(total, total)
     check_ledger(c, log, scan)
+    if uses_prop_crc(cfg):  # the records inside are CommitLog records (spec §3.8)
+        check_prop_crc(c, log.files.data, scan,
+                       forced=cfg.force_verify_prop_crc and cfg.check_crc_on_recover)
     check_topics(c, log.files.data, scan)
     d = dispatched(scan)
     check_consume_queues(c, root, cfg, scan, d, log.min_offset, {"debris": None})
