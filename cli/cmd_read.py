@@ -96,6 +96,8 @@ def _scan_warning(out: Output, path, scan) -> bool:
         parts.append(f"skipped {d.describe()}")
     if len(getattr(scan, "damage", ())) > 3:
         parts.append(f"and {len(scan.damage) - 3} more damaged record(s) skipped")
+    for off, why in getattr(scan, "unwrap_problems", ())[:3]:
+        parts.append(f"the inner batch at offset {off} was given as one record ({why})")
     if scan.bad_crc:
         parts.append(f"{scan.bad_crc} message(s) printed with crcOk false (body does not "
                      "match its CRC)")
@@ -121,6 +123,7 @@ def dump(
     until: Optional[str] = UntilOption,
     max_bytes: Optional[int] = typer.Option(None, "--max-bytes", min=0, help="Read at most this many CommitLog bytes from where the dump starts, per store (a record counts whole)."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=0, help="Stop after this many rows (over all PATHs)."),
+    records: bool = typer.Option(False, "--records", help="One row per CommitLog record: an inner-batch record of a RocketMQ 5.x BatchCQ topic is given as stored, not as the messages its body holds (the default gives one row per message, with innerBatch {index, count, entrySize})."),
     follow: bool = typer.Option(False, "--follow", "-F", help="Keep reading as the store grows (read-only; never takes the lock; survives segment rolls). Starts at the end unless --from-offset or --since says where. Ctrl-C ends it."),
     body: Optional[BodyMode] = BodyOption,
     charset: str = CharsetOption,
@@ -161,14 +164,15 @@ def dump(
         return
     if all(k.kind in MESSAGE_KINDS for k in kinds):
         damaged = _dump_messages(list(zip(paths, kinds)), config, filters, limit, out, mode,
-                                 charset, sink)
+                                 charset, sink, unwrap=not records)
         if damaged:
             raise typer.Exit(1)
         return
     damaged = False
     for p, k in zip(paths, kinds):
         if k.kind in MESSAGE_KINDS:
-            damaged |= _dump_messages([(p, k)], config, filters, limit, out, mode, charset, sink)
+            damaged |= _dump_messages([(p, k)], config, filters, limit, out, mode, charset, sink,
+                                      unwrap=not records)
         else:
             _dump_file(p, k, cfgs.get(p), config, from_offset, to_offset, limit, out)
     if damaged:
@@ -181,7 +185,8 @@ def _open(path, kind, config):
     return open_store(path, config) if kind.kind == "store" else open_segment_file(path, config)
 
 
-def _dump_messages(targets, config, filters, limit, out, mode, charset, sink) -> bool:
+def _dump_messages(targets, config, filters, limit, out, mode, charset, sink, *,
+                   unwrap: bool = True) -> bool:
     """Messages of every target, streamed as one list of rows; True when one ended in damage."""
     from rmqstore.selection import MessageFilter
 
@@ -194,7 +199,7 @@ def _dump_messages(targets, config, filters, limit, out, mode, charset, sink) ->
             with _open(path, kind, config) as reader:
                 if kind.kind == "store":
                     report_config(reader.config)
-                scan = reader.scan(MessageFilter.make(**filters, limit=state["left"]))
+                scan = reader.scan(MessageFilter.make(**filters, limit=state["left"]), unwrap=unwrap)
                 for d in scan.dicts(mode, charset=charset, sink=sink):
                     if len(targets) > 1:
                         d["store"] = str(path)
@@ -306,7 +311,7 @@ def get(
     offset: Optional[int] = typer.Option(None, "--offset", help="CommitLog physical offset of the record."),
     msg_id: Optional[str] = typer.Option(None, "--msg-id", help="offsetMsgId (32 or 56 hex characters)."),
     topic: Optional[str] = typer.Option(None, "--topic", "-t", help="Topic, with --queue-id/--queue-offset or --uniq-key."),
-    queue_id: Optional[int] = typer.Option(None, "--queue-id", "-q", help="Queue id, with --topic and --queue-offset."),
+    queue_id: Optional[int] = typer.Option(None, "--queue-id", "-q", help="Queue id, with --topic and --queue-offset (default 0 for an %LMQ% topic)."),
     queue_offset: Optional[int] = typer.Option(None, "--queue-offset", help="Queue offset, with --topic and --queue-id."),
     uniq_key: Optional[str] = typer.Option(None, "--uniq-key", help="UNIQ_KEY (client message id), with --topic."),
     body: Optional[BodyMode] = BodyOption,
@@ -331,6 +336,8 @@ def get(
         raise fail("give exactly one of --offset, --msg-id, --topic/--queue-id/--queue-offset, --topic/--uniq-key")
     if (ways[2] or ways[3]) and topic is None:
         raise fail("--topic is required with --queue-offset or --uniq-key")
+    if ways[2] and queue_id is None and topic is not None and topic.startswith("%LMQ%"):
+        queue_id = 0  # an LMQ queue is always queue 0 (enableLmq, design-14 §5.2)
     if ways[2] and (queue_id is None or queue_offset is None):
         raise fail("--queue-id and --queue-offset go together")
     with open_store(store, config) as reader:

@@ -163,8 +163,21 @@ class StoreReader:
                            IndexGeometry(self.config.max_hash_slot_num, self.config.max_index_num),
                            max_msgs_num_batch=cap)
 
+    def batch_queues(self):
+        """Every ``batchconsumequeue/{topic}/{queueId}`` of the store (RocketMQ 5.x)."""
+        from .files.batchconsumequeue import list_batch_queues
+
+        return list_batch_queues(self.root)
+
     def get_by_queue_offset(self, topic: str, queue_id: int, queue_offset: int) -> Message:
-        """Through the ConsumeQueue unit, as a consumer's pull does (spec §6.2)."""
+        """Through the ConsumeQueue unit, as a consumer's pull does (spec §6.2); on a
+        BatchCQ topic through its BatchConsumeQueue, giving the message of an inner batch
+        the offset falls in (design-14 §4.2, §4.3)."""
+        from .files.batchconsumequeue import get_in_batch_queue
+
+        got = get_in_batch_queue(self, topic, queue_id, queue_offset)
+        if got is not None:
+            return got
         with self.consume_queue(topic, queue_id) as cq:
             unit = cq.unit_at(queue_offset)
         if unit.is_placeholder:
@@ -231,7 +244,8 @@ class StoreReader:
         """The messages that pass ``filter`` (or the keyword filters of
         :meth:`MessageFilter.make`), in physical order; after iterating, ``.stop`` says
         why it ended and whether that is damage."""
-        return MessageScan(self.commitlog, filter or MessageFilter.make(**filters))
+        unwrap = filters.pop("unwrap", True)  # inner batches as messages (design-14 D7)
+        return MessageScan(self.commitlog, filter or MessageFilter.make(**filters), unwrap=unwrap)
 
     def messages(self, **filters) -> Iterator[Message]:
         """Valid messages in physical order, filtered (keywords of :meth:`MessageFilter.make`:

@@ -21,6 +21,7 @@ from typing import Iterator
 import numpy as np
 
 from .format.message import Message, parse_properties, split_keys
+from .format.record import RecordError, inner_messages, is_inner_batch
 from .errors import InputError
 from .scan.records import FIRST_WINDOW, scan_windows
 from .times import parse_time
@@ -161,8 +162,11 @@ class MessageFilter:
             keep &= np.isin(ids, wanted)
         chosen = np.flatnonzero(keep)
         if self.needs_properties and len(chosen):
-            ok = [self.properties_match(parse_properties(cols.properties_text(i)))
-                  for i in chosen.tolist()]
+            # An inner-batch record's messages carry their own TAGS/KEYS/UNIQ_KEY: it is
+            # kept here and its messages are matched once unwrapped (MessageScan).
+            inner = is_inner_batch(cols.sys_flag[chosen]).tolist()
+            ok = [b or self.properties_match(parse_properties(cols.properties_text(i)))
+                  for i, b in zip(chosen.tolist(), inner)]
             chosen = chosen[np.array(ok, dtype=bool)]
         return chosen
 
@@ -192,9 +196,13 @@ class MessageScan:
     ended (None if the caller stopped early) and :attr:`bad_crc` how many of the given
     records failed their body CRC."""
 
-    def __init__(self, commitlog, flt: MessageFilter | None = None):
+    def __init__(self, commitlog, flt: MessageFilter | None = None, *, unwrap: bool = True):
         self.commitlog = commitlog
         self.filter = flt or MessageFilter()
+        #: Give an inner-batch record's messages (design-14 §4.3, D7), not the record.
+        self.unwrap = unwrap
+        #: Inner-batch records whose body did not unwrap (given whole): (offset, why).
+        self.unwrap_problems: list[tuple[int, str]] = []
         self.stop: ScanStop | None = None
         self.given = 0
         self.bad_crc = 0
@@ -325,18 +333,70 @@ class MessageScan:
             self.stop = ScanStop(end.offset, "zeros" if end.reason == "size-zero" else
                                  "blank" if end.reason == "blank-in-last-file" else "end", where)
 
+    def _unwrapped(self, msg: Message) -> list[Message]:
+        """An inner-batch record's messages that pass the filter's property tests."""
+        try:
+            out = inner_messages(msg)
+        except RecordError as e:
+            self.unwrap_problems.append((msg.commit_log_offset, str(e)))
+            return [msg]
+        if self.filter.needs_properties:
+            out = [m for m in out if self.filter.properties_match(m.properties)]
+        return out
+
+    def _runs(self, cols, chosen):
+        """(is an inner-batch run, indices) in order: records that unwrap apart from the
+        rest, which keep the vectorised path. One vector test when there are none."""
+        if not self.unwrap:
+            yield False, chosen
+            return
+        inner = is_inner_batch(cols.sys_flag[chosen])
+        if not inner.any():
+            yield False, chosen
+            return
+        cuts = np.flatnonzero(inner[1:] != inner[:-1]) + 1
+        for part in np.split(np.arange(len(chosen)), cuts):
+            yield bool(inner[part[0]]), chosen[part]
+
+    def _capped(self, rows):
+        """``rows`` up to the filter's ``limit``; ``given`` then counts rows, not records
+        (an inner-batch record gives several)."""
+        limit, n = self.filter.limit, 0
+        for row in rows:
+            if limit is not None and n >= limit:
+                break
+            n += 1
+            yield row
+        self.given = n
+
     def messages(self) -> Iterator[Message]:
+        return self._capped(self._messages())
+
+    def _messages(self) -> Iterator[Message]:
         for cols, chosen in self.chunks():
-            for i in chosen.tolist():
-                yield cols.message(i)
+            for inner, idx in self._runs(cols, chosen):
+                for i in idx.tolist():
+                    if inner:
+                        yield from self._unwrapped(cols.message(i))
+                    else:
+                        yield cols.message(i)
 
     def dicts(self, body: str = "base64", *, charset: str = "utf-8", tz=None,
               sink=None) -> Iterator[dict]:
         """The message JSON (:mod:`rmqstore.view`) of each message, from the columns."""
-        from .view import message_dicts
+        return self._capped(self._dicts(body, charset, tz, sink))
+
+    def _dicts(self, body, charset, tz, sink) -> Iterator[dict]:
+        from .view import message_dict, message_dicts
 
         for cols, chosen in self.chunks():
-            yield from message_dicts(cols, body, chosen, charset=charset, tz=tz, sink=sink)
+            for inner, idx in self._runs(cols, chosen):
+                if not inner:
+                    yield from message_dicts(cols, body, idx, charset=charset, tz=tz, sink=sink)
+                    continue
+                for i in idx.tolist():
+                    for m in self._unwrapped(cols.message(i)):
+                        yield message_dict(m, body, charset=charset, tz=tz, sink=sink)
 
 
 def release_pages(buf, done: int, upto: int) -> int:

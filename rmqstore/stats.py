@@ -136,20 +136,55 @@ def _merge_counts(parts) -> dict[str, int]:
     return total
 
 
+def inner_batch_extras(records: RecordColumns) -> dict[tuple[str, int], tuple[int, int]]:
+    """Per (topic, queueId) with inner-batch records (design-14 §4.3): (messages beyond one
+    per record, largest queue offset of a message, QUEUEOFFSET + i). One vector test when
+    there are none; the inner records' bodies are walked one by one."""
+    from .format.record import RecordError, inner_entries, is_inner_batch
+
+    inner = np.flatnonzero(is_inner_batch(records.sys_flag))
+    if not len(inner):
+        return {}
+    names, tid = records.topic_table()
+    mv = memoryview(records.u8)
+    out: dict[tuple[str, int], tuple[int, int]] = {}
+    for i in inner.tolist():
+        bpos, blen = int(records.body_pos[i]), int(records.body_len[i])
+        try:
+            n = len(inner_entries(mv[bpos:bpos + max(blen, 0)]))
+        except RecordError:
+            n = 1  # given whole by dump, as one message
+        k = (names[int(tid[i])], int(records.queue_id[i]))
+        extra, top = out.get(k, (0, -1))
+        out[k] = (extra + n - 1, max(top, int(records.queue_offset[i]) + n - 1))
+    return out
+
+
+def _merge_extras(parts) -> dict[tuple[str, int], tuple[int, int]]:
+    out: dict[tuple[str, int], tuple[int, int]] = {}
+    for part in parts:
+        for k, (extra, top) in part.items():
+            e0, t0 = out.get(k, (0, -1))
+            out[k] = (e0 + extra, max(t0, top))
+    return out
+
+
 def _stats_kind_task(split):
     from .scan.splits import open_split
 
     with open_split(split) as sc:
-        return sc.boundary, (queue_stats(sc.records), kind_counts(sc.records))
+        return sc.boundary, (queue_stats(sc.records), kind_counts(sc.records),
+                             inner_batch_extras(sc.records))
 
 
 def commitlog_stats(store: str, *, split_size: int | None = None, processes: int | None = None,
-                    conf=None, config=None, kind: bool = False):
+                    conf=None, config=None, kind: bool = False, inner_extras: bool = False):
     """(per-queue stats, where valid data ends) for one store, without Spark: the same
     splits and merge the Spark job uses. ``processes`` defaults to every core for stores
     large enough to gain from it. ``config`` (a StoreConfig) is used as it is, else one
     is loaded from ``conf`` and the files. ``kind=True`` adds a third item, the
-    :func:`kind_counts` of every record."""
+    :func:`kind_counts` of every record (with ``inner_extras``, also ``innerExtras``: the
+    :func:`inner_batch_extras` of the store, when it has inner batches)."""
     from .scan.splits import DEFAULT_SPLIT_SIZE, list_store, plan_splits, run_local
 
     files = list_store(store, conf=conf, config=config)
@@ -161,8 +196,11 @@ def commitlog_stats(store: str, *, split_size: int | None = None, processes: int
         st, payloads = run_local(splits, _stats_task, processes)
         return merge_stats(payloads.values()), st.ends[store]
     st, payloads = run_local(splits, _stats_kind_task, processes)
-    return (merge_stats(q for q, _ in payloads.values()), st.ends[store],
-            _merge_counts(c for _, c in payloads.values()))
+    counts = _merge_counts(c for _, c, _ in payloads.values())
+    extras = _merge_extras(e for _, _, e in payloads.values())
+    if extras and inner_extras:
+        counts["innerExtras"] = extras
+    return (merge_stats(q for q, _, _ in payloads.values()), st.ends[store], counts)
 
 
 def dledger_stats(log) -> tuple[list[QueueStats], dict[str, int], list[dict]]:
@@ -235,18 +273,29 @@ def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
         # The reader's configuration: the CommitLog directories it reads and their geometry
         # (a storePathCommitLog elsewhere than STORE/commitlog, spec §1.1).
         queues, end, counts = commitlog_stats(root, processes=processes, config=reader.config,
-                                              kind=True) if cl.segments else ([], None, {})
+                                              kind=True, inner_extras=True) \
+            if cl.segments else ([], None, {})
         commit_log = {"minOffset": cl.min_offset,
                       "maxOffset": end.end_offset if end else cl.min_offset,
                       "endReason": (end.reason or "clean") if end else "no segments"}
+    extras = counts.pop("innerExtras", {})
     kind.add_records(counts)
+    records = sum(q.count for q in queues)
     commit_log = {"minOffset": commit_log["minOffset"], "maxOffset": commit_log["maxOffset"],
-                  "messages": sum(q.count for q in queues), "bytes": sum(q.bytes for q in queues),
+                  # messages as consumers get them: an inner batch counts its messages
+                  "messages": records + sum(e for e, _ in extras.values()), "records": records,
+                  "bytes": sum(q.bytes for q in queues),
                   "endReason": commit_log["endReason"],
                   "segments": len(cl.segments),
                   "segmentSize": reader.config.mapped_file_size_commit_log,
                   "problems": [p.__dict__ for p in cl.queue.problems]}
     by_key = {(q.topic, q.queue_id): q.as_dict() for q in queues}
+    for key, (extra, top) in extras.items():
+        if key in by_key:
+            d = by_key[key]
+            d["records"] = d["messages"]
+            d["messages"] += extra
+            d["maxQueueOffset"] = max(d["maxQueueOffset"] or -1, top)
     cq_info = {}
     for ref in reader.queues().queues:
         try:
@@ -254,6 +303,7 @@ def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
                 cq_info[ref.topic, ref.queue_id] = (cq.min_offset(cl.min_offset), cq.max_offset)
         except RmqStoreError:  # a broken queue shows as unknown; verify explains it
             cq_info[ref.topic, ref.queue_id] = (None, None)
+    cq_info.update(_batch_queue_info(reader, cl.min_offset))
     rows = []
     for key in sorted(set(by_key) | set(cq_info)):
         d = by_key.get(key) or QueueStats(key[0], key[1], 0, 0, None, None, None, None).as_dict()
@@ -285,6 +335,25 @@ def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
                           "max_hash_slot_num", "max_index_num")},
             "geometrySources": dict(reader.config.sources),
             "warnings": list(reader.config.warnings)}
+
+
+def _batch_queue_info(reader, commit_log_min: int) -> dict:
+    """(min, max) queue offset of each BatchConsumeQueue (design-14 §4.2), as the
+    ConsumeQueues' ``cqMinOffset``/``cqMaxOffset``."""
+    from .files.batchconsumequeue import BatchConsumeQueue, bcq_file_size
+
+    refs = reader.batch_queues().queues
+    if not refs:
+        return {}
+    size = bcq_file_size(reader.config)
+    out = {}
+    for ref in refs:
+        try:
+            with BatchConsumeQueue(ref.path, size) as q:
+                out[ref.topic, ref.queue_id] = (q.min_offset(commit_log_min), q.max_offset)
+        except RmqStoreError:
+            out[ref.topic, ref.queue_id] = (None, None)
+    return out
 
 
 def _index_headers(index_dir):

@@ -8,7 +8,9 @@ offsetMsgId, body``, then the body's companions (:func:`body_fields`:
 ``storedBody``, ``bodyNote``, ``bodyFile`` only when they apply), ``propertiesText`` when the
 properties object cannot reproduce the stored text (duplicate names, as batch records have,
 or malformed pairs), and last ``crcOk`` (the stored body matches BODYCRC) and
-``uniqKeyInfo`` (the UNIQ_KEY taken apart, :mod:`rmqstore.uniqkey`; null without one).
+``uniqKeyInfo`` (the UNIQ_KEY taken apart, :mod:`rmqstore.uniqkey`; null without one), and
+for a message unwrapped from an inner-batch record (RocketMQ 5.x BatchCQ topics)
+``innerBatch``: ``{index, count, entrySize}`` (design-14 §4.3).
 
 Body modes: ``text`` (decoded in a charset; a body that is not valid text in it is given
 as base64 instead, and ``bodyEncoding`` says so), ``base64``, ``hex``, ``none``, and ``raw``
@@ -40,7 +42,7 @@ MESSAGE_FIELDS = ("commitLogOffset", "storeSize", "magic", "bodyCRC", "queueId",
                   "storeHost", "reconsumeTimes", "preparedTransactionOffset", "topic",
                   "properties", "tags", "keys", "uniqKey", "offsetMsgId", "body",
                   "bodyEncoding", "bodyCharset", "bodyCompression", "storedBody", "bodyNote",
-                  "bodyFile", "propertiesText", "crcOk", "uniqKeyInfo", "store")
+                  "bodyFile", "propertiesText", "crcOk", "uniqKeyInfo", "innerBatch", "store")
 
 
 BODY_MODES = ("text", "base64", "hex", "none", "raw")
@@ -197,8 +199,13 @@ def message_dict(msg: Message, body: str = "base64", *, charset: str = "utf-8", 
     d.update(body_fields(msg.body, msg.sys_flag, body, charset, sink, d["offsetMsgId"]))
     if msg.properties_text is not None and properties_need_text(msg.properties, msg.properties_text):
         d["propertiesText"] = msg.properties_text
-    d["crcOk"] = not msg.body or body_crc(msg.body) == msg.body_crc
+    ib = msg.inner_batch
+    # An unwrapped message's body is its entry's; BODYCRC covers the record's (§4.3).
+    d["crcOk"] = ib.record_crc_ok if ib is not None else (
+        not msg.body or body_crc(msg.body) == msg.body_crc)
     d["uniqKeyInfo"] = uniq_key_info(msg.uniq_key, msg.store_timestamp, tz)
+    if ib is not None:
+        d["innerBatch"] = {"index": ib.index, "count": ib.count, "entrySize": ib.entry_size}
     return d
 
 

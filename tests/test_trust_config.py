@@ -475,7 +475,7 @@ def test_5x_features_warn_on_reads_and_refuse_writes_that_would_break_them(
     before = tree_hashes(store)
     code, out, err = cli("stats", store, "-f", "json")
     assert code == 0 and f"warning: the store uses {feature}" in err
-    assert json.loads(out)["commitLog"]["messages"] == len(manifest_5x(scenario)["messages"])
+    assert json.loads(out)["commitLog"]["records"] == len(manifest_5x(scenario)["messages"])
     code, out, _ = cli("verify", store, "-f", "json")
     findings = json.loads(out)["findings"]
     assert code == 1 and any(f["code"] == "store-feature" and feature in f["explanation"]

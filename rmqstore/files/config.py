@@ -67,6 +67,10 @@ _PROPERTY_FIELDS = {
     "brokerVersion": "broker_version",
     "enabledAppendPropCRC": "enabled_append_prop_crc",
     "forceVerifyPropCRC": "force_verify_prop_crc",
+    # RocketMQ 5.x queues (design-14 §4, §5)
+    "mapperFileSizeBatchConsumeQueue": "mapper_file_size_batch_consume_queue",
+    "enableLmq": "enable_lmq",
+    "enableMultiDispatch": "enable_multi_dispatch",
 }
 _FIELD_PROPERTIES = {v: k for k, v in _PROPERTY_FIELDS.items()}
 #: Dataclass field -> RocketMQ property name, for messages.
@@ -122,6 +126,12 @@ class StoreConfig:
     force_verify_prop_crc: bool = False
     #: rmqstore's own setting: which broker's on-disk conventions a writer follows (§13).
     broker_version: str = "4.9"
+    #: BatchConsumeQueue file size (5.x; not rounded to whole 46-byte units, design-14 §4.1).
+    mapper_file_size_batch_consume_queue: int = 300_000 * L.BCQ_UNIT_SIZE
+    #: LMQ: ``%LMQ%`` queues use queue id 0 (enableLmq); dispatch writes their units
+    #: (enableMultiDispatch). Design-14 §5, decision D6.
+    enable_lmq: bool = False
+    enable_multi_dispatch: bool = False
     #: Where each geometry value came from: "default", "broker.conf", "option", "files: …".
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     #: Filled by :func:`load_config`: what was decided and what reads may miss.
@@ -191,7 +201,8 @@ class StoreConfig:
         return self.broker_version != "4.9"
 
     def validate(self) -> None:
-        for name in GEOMETRY + ("max_message_size", "transient_store_pool_size"):
+        for name in GEOMETRY + ("max_message_size", "transient_store_pool_size",
+                                "mapper_file_size_batch_consume_queue"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{_FIELD_PROPERTIES[name]} must be positive, got {getattr(self, name)}")
         if self.mapped_file_size_commit_log > 2**31 - 1:
@@ -391,7 +402,8 @@ def load_config(root: str | os.PathLike | None = None, conf: str | os.PathLike |
         StoreConfig(**values)  # settings are valid before they are compared with files
     except TypeError as e:
         raise ConfigError(str(e), conf) from None
-    sources = {k: src for k, (_, src) in claims.items() if k in GEOMETRY}
+    sources = {k: src for k, (_, src) in claims.items()
+               if k in GEOMETRY or k == "mapper_file_size_batch_consume_queue"}
     undetermined: dict[str, str] = {}
     warnings: list[str] = []
     blockers: list[str] = []

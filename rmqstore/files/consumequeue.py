@@ -70,13 +70,14 @@ class QueueListing:
     problems: list[QueueProblem]
 
 
-def list_queues(root: str | os.PathLike) -> QueueListing:
-    """Every ``consumequeue/{topic}/{queueId}`` directory of a store root, sorted.
+def list_queues(root: str | os.PathLike, folder: str = "consumequeue") -> QueueListing:
+    """Every ``consumequeue/{topic}/{queueId}`` directory of a store root, sorted
+    (``folder="batchconsumequeue"``: the BatchConsumeQueues, design-14 §4.1).
 
     ``consumequeue/`` itself may be a link to another disk; a link or special file below
     it is reported (code ``symlink``/``special-file``), never followed
     (:mod:`rmqstore.files.listing`)."""
-    base = Path(root) / "consumequeue"
+    base = Path(root) / folder
     queues: list[QueueRef] = []
     problems: list[QueueProblem] = []
     for t in entries(base):

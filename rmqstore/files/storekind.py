@@ -65,8 +65,8 @@ FEATURES = {f.key: f for f in (
     Feature("rocksdb-cq", "a RocksDB consume queue", UNSUPPORTED),
     Feature("store-plugin", "a message store plug-in (tiered storage)", UNSUPPORTED),
     Feature("batch-cq", "BatchConsumeQueue topics", PARTIAL,
-            _CQ_WRITES, "batchconsumequeue/ is not read or checked; its records get no ConsumeQueue "
-            "unit, so verify reports them as missing"),
+            _CQ_WRITES, "dump, get and stats read batchconsumequeue/, but verify does not check "
+            "it yet and reports its records' ConsumeQueue units as missing"),
     Feature("lmq", "LMQ multi-dispatch queues", PARTIAL,
             _CQ_WRITES, "units of consumequeue/%LMQ%* point at records of other topics, so verify "
             "reports them as mismatches"),

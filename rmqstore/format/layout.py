@@ -343,6 +343,11 @@ CQ_UNIT_SIZE = ConsumeQueueUnit.sizeof()
 CQ_UNIT_STRUCT = derive_struct(ConsumeQueueUnit)
 CQ_UNIT_DTYPE = derive_dtype(ConsumeQueueUnit)
 BCQ_UNIT_SIZE = BatchConsumeQueueUnit.sizeof()
+BCQ_UNIT_DTYPE = derive_dtype(BatchConsumeQueueUnit)
+BCQ_UNIT_STRUCT = derive_struct(BatchConsumeQueueUnit)
+#: compactedOffset of every unit a broker writes (no compaction): spec §6.4, design-14 §4.1.
+BCQ_COMPACTED_NONE = -1
+BATCH_ENTRY_HEAD_STRUCT = derive_struct(Struct(*BatchEntry.subcons[:5]))
 
 INDEX_HEADER_SIZE = IndexHeader.sizeof()
 INDEX_HEADER_STRUCT = derive_struct(IndexHeader)

@@ -200,6 +200,15 @@ def offset_msg_ids(address: np.ndarray, port: np.ndarray, v6: np.ndarray,
 # --- the message -------------------------------------------------------------------------
 
 
+class InnerBatch(NamedTuple):
+    """Where an unwrapped message sat in its inner-batch record (design-14 §4.3)."""
+
+    index: int  # 0-based place in the batch
+    count: int  # entries in the record's body
+    entry_size: int  # the entry's totalSize
+    record_crc_ok: bool  # the record's body matches its BODYCRC
+
+
 @dataclass(slots=True)
 class Message:
     """One CommitLog record, decoded, or a message to append.
@@ -226,6 +235,9 @@ class Message:
     body_crc: int = 0
     magic: int = L.MAGIC_V1
     properties_text: str | None = None
+    #: Set on a message unwrapped from an inner-batch record (design-14 §4.3): its place in
+    #: the batch; the other fields not from the entry are the record's.
+    inner_batch: "InnerBatch | None" = None
 
     @property
     def tags(self) -> str | None:

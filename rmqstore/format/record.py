@@ -12,7 +12,7 @@ from ..errors import RecordError
 from . import layout as L
 from .crc import body_crc
 from .rules import magic_for
-from .message import Host, Message, parse_properties, serialize_properties
+from .message import Host, InnerBatch, Message, parse_properties, serialize_properties
 
 
 _PROPS_LEN = L.RECORD_PROPERTIES_LENGTH_STRUCT
@@ -261,3 +261,66 @@ def encode_batch_entry(body: bytes, properties_text: str, flag: int = 0) -> byte
     """One entry of a batch-send body (spec §3.7): MAGIC and BODYCRC are 0."""
     props = properties_text.encode("utf-8")
     return L.BatchEntry.build(dict(magic=0, body_crc=0, flag=flag, body=body, properties=props))
+
+
+# --- inner-batch records (RocketMQ 5.x BatchCQ topics, design-14 §4.3) ------------------------
+
+#: sysFlag bits of a record whose body holds a whole batch, stored as one record.
+INNER_BATCH_FLAGS = L.SYSFLAG_NEED_UNWRAP | L.SYSFLAG_INNER_BATCH
+_ENTRY_HEAD = L.BATCH_ENTRY_HEAD_STRUCT
+
+
+def is_inner_batch(sys_flag):
+    """Does a consumer unwrap the record into the messages of its body (sysFlag has both
+    NEED_UNWRAP 0x40 and INNER_BATCH 0x80, as ``SendMessageProcessor#sendBatchMessage``
+    @5.x sets them)? Int or numpy array."""
+    return (sys_flag & INNER_BATCH_FLAGS) == INNER_BATCH_FLAGS
+
+
+def inner_entries(body) -> list[tuple[int, int, bytes, str]]:
+    """(entry totalSize, flag, body, properties text) of each entry of a batch body (spec
+    §3.7: totalSize, magic, bodyCRC, flag, body length, body, i16 properties length,
+    properties); :class:`RecordError` when the entries do not tile the body exactly."""
+    out = []
+    p, end = 0, len(body)
+    while p < end:
+        if p + _ENTRY_HEAD.size > end:
+            raise RecordError(f"inner batch entry {len(out)} at body byte {p}: "
+                              f"{end - p} bytes left, an entry head is {_ENTRY_HEAD.size}")
+        total, _magic, _crc, flag, blen = _ENTRY_HEAD.unpack_from(body, p)
+        q = p + _ENTRY_HEAD.size
+        if blen < 0 or q + blen + _PROPS_LEN.size > end:
+            raise RecordError(f"inner batch entry {len(out)} at body byte {p}: body length "
+                              f"{blen} runs past the batch")
+        ebody = bytes(body[q:q + blen])
+        q += blen
+        plen, = _PROPS_LEN.unpack_from(body, q)
+        q += _PROPS_LEN.size
+        if plen < 0 or q + plen > end or q + plen - p != total:
+            raise RecordError(f"inner batch entry {len(out)} at body byte {p}: its lengths "
+                              f"add up to {q + max(plen, 0) - p} bytes, totalSize says {total}")
+        out.append((total, flag, ebody, bytes(body[q:q + plen]).decode("utf-8", "replace")))
+        q += plen
+        p = q
+    return out
+
+
+def inner_messages(msg: Message) -> list[Message]:
+    """The messages a consumer gets from an inner-batch record (``MessageDecoder#decodeMessage``
+    @5.x as the client's pull applies it): message i keeps the record's topic, queue id,
+    hosts, times, sysFlag, offsets, size and BODYCRC, takes flag, body and properties from
+    entry i, and has queue offset QUEUEOFFSET + i (design-14 §4.3). A record that is not an
+    inner batch is returned alone; :class:`RecordError` when its body does not unwrap."""
+    if not is_inner_batch(msg.sys_flag):
+        return [msg]
+    entries = inner_entries(msg.body)
+    crc_ok = not msg.body or body_crc(msg.body) == msg.body_crc
+    out = []
+    for i, (total, flag, body, text) in enumerate(entries):
+        m = Message(**{f: getattr(msg, f) for f in Message.__slots__})
+        m.flag, m.body, m.properties_text = flag, body, text
+        m.properties = parse_properties(text)
+        m.queue_offset = msg.queue_offset + i
+        m.inner_batch = InnerBatch(i, len(entries), total, crc_ok)
+        out.append(m)
+    return out

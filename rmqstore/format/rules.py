@@ -161,3 +161,117 @@ def rmqstore_end(crc_ok, finished: bool) -> int:
         return len(ok)
     passed = np.flatnonzero(ok)
     return int(passed[-1]) + 1 if len(passed) else 0
+
+
+# --- BatchConsumeQueue (RocketMQ 5.x, design-14 §4) -----------------------------------------
+# Siblings of gets_cq_unit/advances_queue_offset: which records of a BatchCQ topic get a unit
+# is the same transaction rule (gets_cq_unit); what the unit says about queue offsets is here.
+
+#: Properties an inner-batch record carries (``MessageConst`` @5.x).
+INNER_NUM, INNER_BASE = "INNER_NUM", "INNER_BASE"
+_SHORT = (-2**15, 2**15 - 1)
+_LONG = (-2**63, 2**63 - 1)
+
+
+def java_parse_long(text: str | None, bounds: tuple[int, int] = _LONG) -> int | None:
+    """Java ``Long.parseLong``/``Short.parseShort``: an optional sign and ASCII digits within
+    the type's range; None where Java throws."""
+    if not text or not (text.isascii() and (text.isdigit() or (text[0] in "+-" and text[1:].isdigit()))):
+        return None
+    v = int(text)
+    return v if bounds[0] <= v <= bounds[1] else None
+
+
+def bcq_base_and_num(properties: Mapping[str, str], queue_offset: int) -> tuple[int, int]:
+    """(msgBaseOffset, batchNum) of a record's BatchConsumeQueue unit (design-14 §4.1,
+    ``CommitLog#setBatchSizeIfNeeded`` @5.x): INNER_BASE and INNER_NUM (a Java short) when the
+    record has **both**, else (QUEUEOFFSET, 1). A value Java cannot parse gives (-1, -1),
+    which :func:`bcq_unit_ok` rejects (the broker's dispatch would throw on it)."""
+    if INNER_NUM in properties and INNER_BASE in properties:
+        base = java_parse_long(properties[INNER_BASE])
+        num = java_parse_long(properties[INNER_NUM], _SHORT)
+        if base is None or num is None:
+            return -1, -1
+        return base, num
+    return queue_offset, 1
+
+
+def bcq_base_and_num_many(queue_offset, inner_base, inner_num):
+    """The vector form of :func:`bcq_base_and_num`: ``inner_base``/``inner_num`` are int64
+    arrays with -1 where the record lacks the property (or Java cannot parse it: pass -2)."""
+    qo = np.asarray(queue_offset, np.int64)
+    b, n = np.asarray(inner_base, np.int64), np.asarray(inner_num, np.int64)
+    both = (b != -1) & (n != -1)
+    bad = both & ((b == -2) | (n == -2))
+    base = np.where(both, b, qo)
+    num = np.where(both, n, 1)
+    return np.where(bad, -1, base), np.where(bad, -1, num)
+
+
+def bcq_unit_ok(base, num):
+    """Does the broker write (dispatch) or keep (recover) a unit with this base and batchNum?
+    Dispatch skips base < 0 or batchNum < 0; recovery keeps units with base >= 0 and
+    batchNum > 0 (``BatchConsumeQueue#putBatchMessagePositionInfo``/``recover`` @5.x), so a
+    written unit is a kept one exactly when batchNum > 0. Int or numpy array."""
+    return (base >= 0) & (num > 0)
+
+
+# --- LMQ multi-dispatch (RocketMQ 5.x, design-14 §5) ---------------------------------------
+# Sibling of gets_cq_unit: the extra ConsumeQueue units a record gets besides its own.
+
+INNER_MULTI_DISPATCH, INNER_MULTI_QUEUE_OFFSET = "INNER_MULTI_DISPATCH", "INNER_MULTI_QUEUE_OFFSET"
+LMQ_PREFIX = "%LMQ%"
+RETRY_PREFIX, SYSTEM_TOPIC_PREFIX = "%RETRY%", "rmq_sys_"
+
+
+def topic_allows_lmq(topic: str) -> bool:
+    """``MixAll#topicAllowsLMQ``/``MultiDispatchUtils#isNeedHandleMultiDispatch`` @5.x: not a
+    retry topic, not a system topic, not the schedule topic."""
+    return not (topic.startswith(RETRY_PREFIX) or topic.startswith(SYSTEM_TOPIC_PREFIX)
+                or topic == SCHEDULE_TOPIC)
+
+
+def java_split_comma(text: str) -> list[str]:
+    """Java ``String.split(",")``: trailing empty strings are dropped."""
+    parts = text.split(",")
+    while parts and parts[-1] == "":
+        parts.pop()
+    return parts or [""] if text == "" else parts
+
+
+class LmqTargets(list):
+    """The (queue name, queue id, queue offset) units LMQ dispatch adds for a record, in
+    dispatch order; ``problem`` names why dispatch stopped early or wrote nothing."""
+
+    problem: str | None = None
+
+
+def lmq_targets(topic: str, properties: Mapping[str, str], queue_id: int, *,
+                enable_lmq: bool = True, multi_dispatch: bool = True) -> LmqTargets:
+    """The extra ConsumeQueue units dispatch writes for one record (design-14 §5.2,
+    ``ConsumeQueue#multiDispatchLmqQueue`` @5.x): with multi-dispatch on, an allowed topic
+    and both INNER_MULTI_DISPATCH and INNER_MULTI_QUEUE_OFFSET non-blank, the names and
+    offsets split on ``,`` pair up (lengths differ: none); names holding ``/`` are skipped;
+    queue id 0 for ``%LMQ%`` names when LMQ is on, else the record's. An offset Java cannot
+    parse stops dispatch there (``problem`` says so)."""
+    out = LmqTargets()
+    if not multi_dispatch or not topic_allows_lmq(topic):
+        return out
+    names, offsets = properties.get(INNER_MULTI_DISPATCH), properties.get(INNER_MULTI_QUEUE_OFFSET)
+    if not names or not names.strip() or not offsets or not offsets.strip():
+        return out
+    names_, offsets_ = java_split_comma(names), java_split_comma(offsets)
+    if len(names_) != len(offsets_):
+        out.problem = (f"{INNER_MULTI_DISPATCH} names {len(names_)} queue(s) but "
+                       f"{INNER_MULTI_QUEUE_OFFSET} holds {len(offsets_)} offset(s)")
+        return out
+    for name, text in zip(names_, offsets_):
+        if "/" in name:
+            continue
+        offset = java_parse_long(text)
+        if offset is None:
+            out.problem = f"{INNER_MULTI_QUEUE_OFFSET} value {text!r} for {name!r} is not a number"
+            return out
+        qid = 0 if enable_lmq and name.startswith(LMQ_PREFIX) else queue_id
+        out.append((name, qid, offset))
+    return out
