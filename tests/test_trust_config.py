@@ -465,50 +465,8 @@ def test_a_rocksdb_consume_queue_on_disk_is_refused(basic, tmp_path):
     assert tree_hashes(basic) == before
 
 
-@pytest.mark.parametrize("scenario, feature, refused, allowed", [
-    ("lmq", "LMQ", ["repair --yes", "repair --dry-run", "rebuild", "append"], []),
-    ("batch-cq", "BatchConsumeQueue", ["repair --yes", "rebuild", "append"], []),
-])
-def test_5x_features_warn_on_reads_and_refuse_writes_that_would_break_them(
-        scenario, feature, refused, allowed, tmp_path):
-    store = copy_store(_fixture("rocketmq-5.3.3", scenario), tmp_path / "store")
-    before = tree_hashes(store)
-    code, out, err = cli("stats", store, "-f", "json")
-    assert code == 0 and f"warning: the store uses {feature}" in err
-    assert json.loads(out)["commitLog"]["records"] == len(manifest_5x(scenario)["messages"])
-    code, out, _ = cli("verify", store, "-f", "json")
-    findings = json.loads(out)["findings"]
-    assert code == 1 and any(f["code"] == "store-feature" and feature in f["explanation"]
-                             for f in findings)
-    cmds = dict(_commands(store, tmp_path))
-    for name in refused:
-        code, _, err = cli(*cmds[name])
-        line = _error_line(err)
-        assert code == 2 and line.split(": ", 2)[2].startswith(name.split()[0]) \
-            and " refused: " in line and feature in line, (name, err)
-    for name in allowed:
-        assert cli(*cmds[name])[0] in (0, 1), name
-    assert tree_hashes(store) == before
-
-
-def test_prop_crc_stores_are_read_verified_and_appended_to(tmp_path):
-    # verify checks every record's __CRC32# (tests/test_prop_crc.py); append writes it.
-    store = copy_store(_fixture("rocketmq-5.3.3", "prop-crc"), tmp_path / "store")
-    before = tree_hashes(store)
-    code, out, err = cli("stats", store, "-f", "json")
-    assert code == 0 and "note: the store uses full-record CRCs" in err and "warning" not in err
-    code, out, _ = cli("verify", store, "-f", "json")
-    assert code == 0 and not any(f["code"] == "store-feature" for f in json.loads(out)["findings"])
-    assert cli(*dict(_commands(store, tmp_path))["repair --dry-run"])[0] == 0
-    assert tree_hashes(store) == before
-    code, out, err = cli("append", store, "--topic", "TopicCrc", "--body", "x", "-f", "json")
-    assert code == 0, err
-    code, out, _ = cli("verify", store, "-f", "json")
-    assert code == 0 and json.loads(out)["messages"] == 28
-
-
-def manifest_5x(scenario: str) -> dict:
-    return json.loads((_fixture("rocketmq-5.3.3", scenario) / "manifest.json").read_text())
+# lmq and batch-cq (read, verified and rebuilt: tests/test_queues_5x_recovery.py) and prop-crc
+# (supported: tests/test_prop_crc.py) no longer warn; what still refuses is tested there.
 
 
 def test_prop_crc_from_broker_conf_refuses_append(basic, tmp_path):

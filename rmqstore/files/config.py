@@ -403,7 +403,8 @@ def load_config(root: str | os.PathLike | None = None, conf: str | os.PathLike |
     except TypeError as e:
         raise ConfigError(str(e), conf) from None
     sources = {k: src for k, (_, src) in claims.items()
-               if k in GEOMETRY or k == "mapper_file_size_batch_consume_queue"}
+               if k in GEOMETRY or k in ("mapper_file_size_batch_consume_queue", "enable_lmq",
+                                         "enable_multi_dispatch")}
     undetermined: dict[str, str] = {}
     warnings: list[str] = []
     blockers: list[str] = []

@@ -64,12 +64,10 @@ FEATURES = {f.key: f for f in (
     Feature("dledger", "a DLedger CommitLog", PARTIAL, ("append",), reads_complete=True),
     Feature("rocksdb-cq", "a RocksDB consume queue", UNSUPPORTED),
     Feature("store-plugin", "a message store plug-in (tiered storage)", UNSUPPORTED),
-    Feature("batch-cq", "BatchConsumeQueue topics", PARTIAL,
-            _CQ_WRITES, "dump, get and stats read batchconsumequeue/, but verify does not check "
-            "it yet and reports its records' ConsumeQueue units as missing"),
-    Feature("lmq", "LMQ multi-dispatch queues", PARTIAL,
-            _CQ_WRITES, "units of consumequeue/%LMQ%* point at records of other topics, so verify "
-            "reports them as mismatches"),
+    # Read, verified and rebuilt (design-14 WP E, D2); repair and append refuse until
+    # their work packages (G, F) write BCQ and LMQ units.
+    Feature("batch-cq", "BatchConsumeQueue topics", PARTIAL, ("repair", "append"), reads_complete=True),
+    Feature("lmq", "LMQ multi-dispatch queues", PARTIAL, ("repair", "append"), reads_complete=True),
     Feature("cq-ext", "ConsumeQueue extensions", PARTIAL,
             _CQ_WRITES, "consumequeue_ext/ is not read; units that point into it carry an ext "
             "address as tagsCode"),

@@ -48,6 +48,7 @@ from ..files.index import IndexFile, IndexGeometry, _list_index_files
 from ..files.index_service import IndexService
 from ..files.listing import entries, offset_name
 from .rebuild_writers import Live, finish_index
+from .rebuild_5x import apply_for_rebuild, kinds_for_rebuild, write_batch_queues
 from ..files.names import is_safe_topic, queue_dir, shown, topic_problem
 from ..scan.parallel import Child, Done
 from ..scan.per_queue import Dispatched, grouped_dispatch, grouped_split
@@ -218,7 +219,8 @@ def rebuild(root: str | os.PathLike, *, consume_queue: bool = True, index: bool 
     for op, wanted in (("rebuild --consumequeue", consume_queue), ("rebuild --index", index)):
         if wanted:
             require_writable(cfg, op)
-    for name, wanted in (("consumequeue", consume_queue), ("index", index)):
+    for name, wanted in (("consumequeue", consume_queue), ("batchconsumequeue", consume_queue),
+                         ("index", index)):
         if wanted and (root / name).is_symlink():
             raise UnsafePathError(
                 f"a symbolic link (to {os.readlink(root / name)}): rebuild swaps in a whole new "
@@ -253,6 +255,9 @@ def _rebuild(root: Path, cfg: StoreConfig, ledger, consume_queue: bool, index: b
         swapped: list[str] = []
         try:
             want_index = index and cfg.message_index_enable
+            # BatchCQ topics, LMQ dispatch (design-14 D2): decided once, before the scan
+            kinds = kinds_for_rebuild(root, cfg, start, dledger=ledger is not None) \
+                if consume_queue else None
             index_from = _kept_index_end(root, cfg, start) if index and start else start
             built_cq = built = None
             if ledger is not None:  # DLedger framing: the entries give the record starts
@@ -262,7 +267,8 @@ def _rebuild(root: Path, cfg: StoreConfig, ledger, consume_queue: bool, index: b
                                                     delay_millis=cfg.delay_millis, keys=index)
             else:
                 if not start:  # the files are built while the scan runs (rebuild_writers)
-                    live = Live(scratch, cfg, clock, queues=consume_queue, index=want_index)
+                    live = Live(scratch, cfg, clock, queues=consume_queue and not kinds.any,
+                                index=want_index)
                 task = functools.partial(grouped_split, delay_millis=cfg.delay_millis, keys=index)
                 chains = scan_chains(cfg, task, processes=processes, progress=progress,
                                      on_part=live, shared=GROUPED_SHARE)
@@ -290,8 +296,12 @@ def _rebuild(root: Path, cfg: StoreConfig, ledger, consume_queue: bool, index: b
                     _refuse_unit_loss(root, cfg, scan, ledger)
                 if built_cq is None:
                     _refuse_unsafe_topics(cfg, d)
+                variants = apply_for_rebuild(root, cfg, kinds, scan, d)
                 units = built_cq if built_cq is not None else \
                     _build_cq(root, scratch, d, cfg, start, fsync)
+                if variants is not None and (variants.bcq or (root / "batchconsumequeue").is_dir()):
+                    units += write_batch_queues(scratch, cfg, variants, fsync)
+                    _swap(scratch, root, "batchconsumequeue")
                 _swap(scratch, root, "consumequeue")
                 swapped.append("ConsumeQueues")
             if job is not None:

@@ -271,6 +271,7 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
     from ..files.storekind import refuse_operation
     from ..scan.per_queue import dispatched
     from ..scan.runner import scan_commitlog
+    from .verify_bcq import check_5x_queues
     from .verify_cq import check_consume_queues
     from .verify_dledger import verify_dledger
     from .verify_index import check_index
@@ -315,6 +316,7 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
             check_prop_crc(c, q, scan, forced=cfg.force_verify_prop_crc and cfg.check_crc_on_recover)
         check_topics(c, q, scan)
         d = dispatched(scan)
+        check_5x_queues(c, root, cfg, scan, d, q)  # BCQ and LMQ (design-14 D2)
         check_consume_queues(c, root, cfg, scan, d, q.min_offset, facts)
         check_index(c, root, cfg, scan, d, deep=deep)
         forecast = check_state(c, root, cfg, q, scan, d, cp, abort)
