@@ -214,18 +214,20 @@ def _dump_messages(targets, config, filters, limit, out, mode, charset, sink, *,
 
 def _follow(path, config, filters, limit, out, mode, charset, sink) -> None:
     from rmqstore.reader import open_store
-    from rmqstore.selection import MessageFilter
+    from rmqstore.selection import MessageFilter, unwrap_message
     from rmqstore.view import message_dict
 
     with open_store(path, config) as reader:
         report_config(reader.config)
-        follower = reader.follow(MessageFilter.make(**filters, limit=limit))
+        follower_filter = MessageFilter.make(**filters, limit=limit)
+        follower = reader.follow(follower_filter)
         warned = [None]
         out.pause()  # a follow never ends: no pager, rows go straight to the terminal
 
         def rows():
             for m in follower:
-                yield message_dict(m, mode, charset=charset, sink=sink)
+                for x in unwrap_message(m, follower_filter):  # inner batches as messages
+                    yield message_dict(x, mode, charset=charset, sink=sink)
                 out.flush()  # the row just written must not wait while the store is idle
                 if follower.stalled is not None and follower.stalled != warned[0]:
                     warned[0] = follower.stalled

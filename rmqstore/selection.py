@@ -334,15 +334,7 @@ class MessageScan:
                                  "blank" if end.reason == "blank-in-last-file" else "end", where)
 
     def _unwrapped(self, msg: Message) -> list[Message]:
-        """An inner-batch record's messages that pass the filter's property tests."""
-        try:
-            out = inner_messages(msg)
-        except RecordError as e:
-            self.unwrap_problems.append((msg.commit_log_offset, str(e)))
-            return [msg]
-        if self.filter.needs_properties:
-            out = [m for m in out if self.filter.properties_match(m.properties)]
-        return out
+        return unwrap_message(msg, self.filter, self.unwrap_problems)
 
     def _runs(self, cols, chosen):
         """(is an inner-batch run, indices) in order: records that unwrap apart from the
@@ -399,6 +391,24 @@ class MessageScan:
                         yield message_dict(m, body, charset=charset, tz=tz, sink=sink)
 
 
+def unwrap_message(msg: Message, flt: MessageFilter | None = None,
+                   problems: list | None = None) -> list[Message]:
+    """The messages a consumer gets from a record: an inner batch's (design-14 §4.3) that
+    pass ``flt``'s property tests, else the record itself. A body that does not unwrap
+    gives the record whole, and (offset, why) in ``problems``."""
+    if not is_inner_batch(msg.sys_flag):
+        return [msg]
+    try:
+        out = inner_messages(msg)
+    except RecordError as e:
+        if problems is not None:
+            problems.append((msg.commit_log_offset, str(e)))
+        return [msg]
+    if flt is not None and flt.needs_properties:
+        out = [m for m in out if flt.properties_match(m.properties)]
+    return out
+
+
 def release_pages(buf, done: int, upto: int) -> int:
     """Drop this process's mapping of a read-only map's pages in ``[done, upto)`` (page
     aligned down): the data stays in the page cache and is read again if touched, but it
@@ -410,4 +420,4 @@ def release_pages(buf, done: int, upto: int) -> int:
     return done
 
 
-__all__ = ["MessageFilter", "MessageScan", "ScanStop", "DAMAGE", "release_pages"]
+__all__ = ["MessageFilter", "MessageScan", "ScanStop", "DAMAGE", "release_pages", "unwrap_message"]

@@ -66,8 +66,11 @@ FEATURES = {f.key: f for f in (
     Feature("store-plugin", "a message store plug-in (tiered storage)", UNSUPPORTED),
     # Read, verified and rebuilt (design-14 WP E, D2); repair and append refuse until
     # their work packages (G, F) write BCQ and LMQ units.
-    Feature("batch-cq", "BatchConsumeQueue topics", PARTIAL, ("repair", "append"), reads_complete=True),
-    Feature("lmq", "LMQ multi-dispatch queues", PARTIAL, ("repair", "append"), reads_complete=True),
+    # The Spark jobs (WP D1) neither unwrap inner batches nor know BCQ/LMQ units: refused.
+    Feature("batch-cq", "BatchConsumeQueue topics", PARTIAL, ("repair", "append", "spark"),
+            reads_complete=True),
+    Feature("lmq", "LMQ multi-dispatch queues", PARTIAL, ("repair", "append", "spark"),
+            reads_complete=True),
     Feature("cq-ext", "ConsumeQueue extensions", PARTIAL,
             _CQ_WRITES, "consumequeue_ext/ is not read; units that point into it carry an ext "
             "address as tagsCode"),
@@ -240,7 +243,7 @@ def refuse_unsupported(found: list[Detected], root) -> None:
 
 
 def refuse_operation(cfg, operation: str) -> None:
-    """Refuse ``operation`` (``verify`` or one of :data:`WRITES`) when a feature of the store
+    """Refuse ``operation`` (``verify``, ``spark`` or one of :data:`WRITES`) when a feature of the store
     at ``cfg`` is unsupported or refuses it: one line naming the feature, nothing changed."""
     root = cfg.root
     for d in cfg.features:

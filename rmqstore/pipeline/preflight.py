@@ -215,9 +215,10 @@ def check_store(store: str, conf: str | os.PathLike | None = None, *,
                 f"the store uses a DLedger CommitLog ({reader.dledger.ledger_dir.name}/): this "
                 "Spark command does not read it yet; spark export, rmqstore dump, get, "
                 "query-key, stats and verify do; nothing was read", path)
-    if write:
-        from ..files.storekind import require_writable
+    from ..files.storekind import refuse_operation, require_writable
 
+    refuse_operation(cfg, "spark")  # features the jobs do not cover yet (5.x queues)
+    if write:
         require_writable(cfg, write)
     root = os.path.abspath(kind.root)
     for f, _, _ in S.list_store(root, conf=conf).files:
