@@ -97,9 +97,13 @@ def store_queue_kinds(root: str | Path, cfg, scan=None) -> QueueKinds:
 def lmq_undetermined(cfg, kinds: QueueKinds) -> str | None:
     """Where a record carries ``INNER_MULTI_QUEUE_OFFSET`` while neither the files nor
     broker.conf say whether LMQ dispatch was on (design-14 D6): '<segment> @ <offset>', or
-    None. A byte search over the segments (no per-record work), done only then."""
+    None. ConsumeQueues without ``%LMQ%`` ones say off; only when ``consumequeue/`` is gone
+    is the CommitLog searched (a byte search, no per-record work)."""
     if kinds.lmq is not None and (kinds.lmq or kinds.lmq_evidence):
         return None
+    cq = Path(cfg.root) / "consumequeue"
+    if cq.is_dir() and any(e.kind == "dir" for e in entries(cq)):
+        return None  # queues without %LMQ% ones: the broker did not multi-dispatch
     for d in cfg.commit_log_dirs:
         for e in entries(d) if d.is_dir() else []:
             if e.kind != "file" or offset_name(e.name) is None or e.size == 0:
