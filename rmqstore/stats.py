@@ -359,10 +359,10 @@ def _batch_queue_info(reader, commit_log_min: int) -> dict:
 def _index_headers(index_dir):
     """(name, header) of each IndexFile, from its first 40 bytes (spec §7.1)."""
     from .format import layout as L
-    from .files.index import IndexHeader, _list_index_files
+    from .files.index import IndexHeader, list_index_files
 
     out = []
-    for p in _list_index_files(index_dir):
+    for p in list_index_files(index_dir):
         with open_regular(p) as f:
             head = f.read(L.INDEX_HEADER_SIZE)
         if len(head) == L.INDEX_HEADER_SIZE:

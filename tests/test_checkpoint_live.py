@@ -9,7 +9,7 @@ import time
 from rmqstore.files.checkpoint import read_checkpoint
 from rmqstore.format.message import Message
 from rmqstore.files.config import StoreConfig
-from rmqstore.files.index import IndexFile, IndexGeometry, _list_index_files
+from rmqstore.files.index import IndexFile, IndexGeometry, list_index_files
 from rmqstore.engine.store import MessageStore
 
 
@@ -52,7 +52,7 @@ def test_a_filled_index_file_writes_it(tmp_path):
         for i in range(12):  # 9 entries fill a file (entry 0 is unused); the 10th rolls
             _put(st, 1, ts0=2_000 + i, KEYS=f"k{i}")
         st.wait_dispatched()
-        first = _list_index_files(tmp_path / "index")[0]
+        first = list_index_files(tmp_path / "index")[0]
         f = IndexFile(first, IndexGeometry(8, 10))
         end = f.header.end_timestamp
         f.close()

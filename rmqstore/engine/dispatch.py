@@ -10,17 +10,17 @@ For every record, in CommitLog order:
    KEYS token, with the record's offset and store timestamp.
 
 :class:`Dispatcher` does this synchronously, for records the appender has just written
-(it already knows their fields, so nothing is re-read). :class:`BackgroundDispatcher` does
-it on a thread that follows the appender, like the broker's ReputMessageService.
+(it already knows their fields, so nothing is re-read); its index side, and the keys
+that wait to be put together, are :class:`~rmqstore.engine.index_keys.IndexKeys`'.
+:class:`~rmqstore.engine.dispatch_modes.BackgroundDispatcher` runs it on a thread that
+follows the appender, like the broker's ReputMessageService.
 :meth:`Dispatcher.dispatch_log` re-reads records from the files, for catching up after a
 crash or when reopening a store whose queues lag its CommitLog.
 """
 
 from __future__ import annotations
 
-import collections
 import operator
-import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -31,41 +31,31 @@ from .append import Appended
 from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit, gets_index_keys, tags_hash
 from ..format.message import parse_properties
 from ..files.consumequeue_writer import ConsumeQueueWriter
-from ..format.hashing import index_hashes, prefix_hash, token_hash, token_hashes
+from ..format.hashing import index_hashes, token_hash
 from ..files.names import queue_dir
+from .index_keys import DEFER_BYTES, DEFER_MAX, PENDING_MAX, IndexKeys
+
+__all__ = ["DEFER_BYTES", "DEFER_MAX", "Dispatcher"]
 
 _TAGS_CACHE_MAX = 1 << 16
 _TX_MASK = L.SYSFLAG_TRANSACTION_MASK  # any transaction type takes the general path
 _UNIT = L.CQ_UNIT_SIZE
-
-
-# dispatch_record's write-behind of index keys: at most this many keys wait, all from records
-# starting at most DEFER_BYTES before the end of the last record dispatched (the bound a
-# reopen after a crash relies on: MessageStore re-indexes that much).
-DEFER_MAX = 1024
-_PENDING_MAX = 4 * DEFER_MAX  # the flat list's length when it holds DEFER_MAX keys
-DEFER_BYTES = 1 << 20
 _unit_pack_into = L.CQ_UNIT_STRUCT.pack_into
 
 
-class Dispatcher:
+class Dispatcher(IndexKeys):
     """Writes CQ units and index keys for appended records (the caller serialises calls)."""
 
     def __init__(self, config, *, index=None, on_logics=None):
+        IndexKeys.__init__(self, index if config.message_index_enable else None)
         self.config = config
         self.root = Path(config.store_path_root_dir)
         self.cq_file_size = config.cq_file_size
         self.delay_millis = config.delay_millis
-        self.index = index if config.message_index_enable else None
-        self._index_num = index.geometry.index_num if self.index is not None else 0
         self.on_logics = on_logics or (lambda ts: None)
         self._writers: dict[tuple[str, int], ConsumeQueueWriter] = {}
         self._tags: dict[str, int] = {}
-        self._key_prefix: dict[str, int] = {}  # topic -> prefix_hash(topic)
         self.dispatched = 0  # records handled
-        self._pending: list = []  # index keys not yet put: topic, key, offset, timestamp, ...
-        self._room = 0  # keys that may still wait: room left in the last index file
-        self._lag_end = 0  # records ending past this put their keys at once
         self.logics_timestamp = 0
 
     def _writer(self, topic: str, queue_id: int, offset: int | None = None) -> ConsumeQueueWriter:
@@ -100,33 +90,12 @@ class Dispatcher:
     def put_units(self, key: tuple[str, int], queue_offset: int, data: bytes,
                   first_end: int, last_end: int, units: np.ndarray) -> None:
         """CQ units ``data`` (``units`` as ``CQ_UNIT_DTYPE``) for consecutive queue offsets
-        from ``queue_offset`` and ascending CommitLog ends ``first_end`` .. ``last_end``:
-        one block write when they simply continue the queue, else
-        :meth:`ConsumeQueueWriter.put_many` (same bytes either way)."""
+        from ``queue_offset`` and ascending CommitLog ends ``first_end`` .. ``last_end``, into
+        queue ``key`` (:meth:`ConsumeQueueWriter.put_block`)."""
         w = self._writers.get(key)
         if w is None:
             w = self._writer(*key)
-        pos = w.write_pos
-        if pos is None or pos != queue_offset * L.CQ_UNIT_SIZE or first_end <= w.max_physic_offset:
-            w.put_many(np.arange(queue_offset, queue_offset + len(units)), units["commit_log_offset"],
-                       units["size"], units["tags_code"])
-            return
-        start, size = w._starts[-1], w.file_size
-        if pos - start + len(data) <= w._map_alloc and w._map_start == start:
-            mm = w._map_cur  # the usual case: within the allocated part being written
-            mm[pos - start:pos - start + len(data)] = data
-            w.write_pos = pos + len(data)
-        else:
-            done = 0
-            while done < len(data):  # _write_dense, from ready bytes
-                if w.write_pos == w._starts[-1] + size:
-                    w._starts.append(w.write_pos)
-                room = w._starts[-1] + size - w.write_pos
-                chunk = data[done:done + room]
-                w._pwrite(w.write_pos, chunk)
-                w.write_pos += len(chunk)
-                done += len(chunk)
-        w.max_physic_offset = last_end
+        w.put_block(queue_offset, data, first_end, last_end, units)
 
     def dispatch(self, a: Appended) -> None:
         """Both dispatchers for one record, in the broker's order (spec §9 step 2)."""
@@ -142,12 +111,6 @@ class Dispatcher:
             self.index.build_index(a.topic, props.get("UNIQ_KEY"), k.split(" ") if k else (),
                                    a.offset, a.store_timestamp, a.sys_flag)
         self.dispatched += 1
-
-    def _topic_prefix_hash(self, topic: str) -> int:
-        ph = prefix_hash(topic)
-        if len(self._key_prefix) < _TAGS_CACHE_MAX:
-            self._key_prefix[topic] = ph
-        return ph
 
     def dispatch_record(self, topic: str, queue_id: int, queue_offset: int, offset: int,
                         size: int, sys_flag: int, store_timestamp: int, props: dict | None,
@@ -213,96 +176,12 @@ class Dispatcher:
                             self._room -= 1
                         else:
                             self._wait_tokens(topic, k, offset, store_timestamp)
-                    if len(pend) >= _PENDING_MAX:
+                    if len(pend) >= PENDING_MAX:
                         self._drain()
                         self._lag_end = end + DEFER_BYTES
             else:
                 self._index_record(topic, props, k, offset, end, store_timestamp)
         self.dispatched += 1
-
-    def _index_record(self, topic: str, props: dict, k: str | None, offset: int, end: int,
-                      store_timestamp: int) -> None:
-        """The index part of :meth:`dispatch_record`, written at once after the waiting
-        keys; it also opens the next window of write-behind."""
-        index = self.index
-        self._drain()
-        files = index.files
-        if not files or files[-1].header.index_count >= self._index_num:
-            files = self._index_files(index)
-        f = files[-1]
-        if offset >= f.header.end_phy_offset:  # the §7.3 endPhyOffset rule
-            uniq = props.get("UNIQ_KEY")
-            if k or uniq is not None:
-                self._put_keys(files, topic, uniq, k, offset, store_timestamp)
-        self._room = self._index_num - files[-1].header.index_count
-        self._lag_end = end + DEFER_BYTES
-
-    def _wait_tokens(self, topic: str, keys: str, offset: int, store_timestamp: int) -> None:
-        """The tokens of a KEYS value with spaces join the waiting keys, or, when the
-        current index file has no room for all of them, everything is put now."""
-        tokens = [t for t in keys.split(" ") if t]
-        if len(tokens) <= self._room:
-            pend = self._pending
-            for t in tokens:
-                pend += (topic, t, offset, store_timestamp)
-            self._room -= len(tokens)
-            return
-        self._drain()  # this record's UNIQ_KEY included
-        files = self._index_files(self.index)
-        if offset >= files[-1].header.end_phy_offset:  # §7.3, as for the UNIQ_KEY
-            self._put_keys(files, topic, None, keys, offset, store_timestamp)
-        self._room = self._index_num - files[-1].header.index_count
-
-    def _drain(self) -> None:
-        """Put the keys waiting in the write-behind list (see :meth:`settle_index`)."""
-        pend = self._pending
-        if not pend:
-            return
-        self._pending = []
-        topics, keys, phys, stamps = pend[0::4], pend[1::4], pend[2::4], pend[3::4]
-        h = None
-        if topics.count(topics[0]) == len(topics):
-            h = self._index_hashes_of(topics[0], keys)
-        if h is None:
-            h = index_hashes([f"{t}#{k}" for t, k in zip(topics, keys)])
-        self.index.put_hashes(h, phys, stamps, skip_stale=True)
-
-    @property
-    def keys_waiting(self) -> int:
-        """Index keys in the write-behind list."""
-        return len(self._pending) // 4
-
-    def settle_index(self) -> None:
-        """Write every index key still waiting: the index files then hold exactly what
-        one-at-a-time puts would have written. Called before any other index write or
-        read, on flush and on close."""
-        self._drain()
-        self._room = 0
-
-    def _put_keys(self, files, topic: str, uniq: str | None, keys: str | None, offset: int,
-                  store_timestamp: int) -> None:
-        """Index entries of ``topic#UNIQ_KEY`` and ``topic#token`` per KEYS token, in that
-        order, into the last of ``files`` (the index's list, which a full file extends)."""
-        ph = self._key_prefix.get(topic)
-        if ph is None:
-            ph = self._topic_prefix_hash(topic)
-        toks = [uniq] if uniq is not None else []
-        if keys:
-            toks += [t for t in keys.split(" ") if t]
-        for t in toks:
-            h = token_hash(ph, topic, t)
-            if not files[-1].put(h, offset, store_timestamp):
-                self.index.put_hash(h, offset, store_timestamp)  # full: next file
-
-    @staticmethod
-    def _index_files(index):
-        """The index files, the last one with room (build_index's
-        getAndCreateLastIndexFile, §7.5)."""
-        files = index.files
-        if not files or files[-1].header.index_count >= index.geometry.index_num:
-            index.current_file()
-            files = index.files
-        return files
 
     def _dispatch_record(self, topic: str, queue_id: int, queue_offset: int, offset: int,
                          size: int, sys_flag: int, store_timestamp: int, props: dict | None,
@@ -433,13 +312,6 @@ class Dispatcher:
                 index.put_hashes(index_hashes(full), kphy, kts, skip_stale=True)
         self.dispatched += n
 
-    def _index_hashes_of(self, topic: str, tokens: Sequence[str]) -> np.ndarray | None:
-        """:func:`~rmqstore.format.hashing.token_hashes` from the topic's cached prefix hash."""
-        ph = self._key_prefix.get(topic)
-        if ph is None:
-            ph = self._topic_prefix_hash(topic)
-        return token_hashes(ph, tokens)
-
     def dispatch_many(self, records: Sequence[Appended]) -> None:
         """:meth:`dispatch` for records in CommitLog order, vectorised: CQ units go to
         each queue with one bulk write, index keys are hashed together (same bytes)."""
@@ -541,53 +413,3 @@ class Dispatcher:
         if self.index is not None:
             self.index.close()
 
-
-class BackgroundDispatcher:
-    """Runs a :class:`Dispatcher` on its own thread, fed in CommitLog order."""
-
-    def __init__(self, dispatcher: Dispatcher):
-        self.dispatcher = dispatcher
-        self._pending: collections.deque[Sequence[Appended]] = collections.deque()
-        self._cond = threading.Condition()
-        self._stop = False
-        self._busy = False
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="rmqstore-reput", daemon=True)
-        self._thread.start()
-
-    def submit(self, records: Sequence[Appended]) -> None:
-        """Queue records; the appender calls this under its lock, so order is kept."""
-        with self._cond:
-            self._pending.append(records)
-            self._cond.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._pending and not self._stop:
-                    self._cond.wait()
-                if not self._pending and self._stop:
-                    return
-                batch = list(self._pending)
-                self._pending.clear()
-                self._busy = True
-            try:
-                if self.error is None:  # after a failure, units would land out of place
-                    self.dispatcher.dispatch_many([a for records in batch for a in records])
-            except BaseException as e:  # kept for close() to raise: dispatch must not die silently
-                self.error = e
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
-
-    def wait_idle(self) -> None:
-        """Block until every submitted record is dispatched."""
-        with self._cond:
-            while self._pending or self._busy:
-                self._cond.wait()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        self._thread.join()

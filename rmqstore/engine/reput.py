@@ -5,7 +5,7 @@ furthest CommitLog byte any unit covers and the record of that unit), as the bro
 after recovery (spec §9, §10.6). :func:`keys_behind` answers the one question the
 ConsumeQueue cannot: after a crash, which records may have index keys that never reached
 the IndexFile. The synchronous dispatcher lets the keys of recent records wait to be put
-together (:data:`~rmqstore.engine.dispatch.DEFER_BYTES` bounds how far back they can reach), so a
+together (:data:`~rmqstore.engine.index_keys.DEFER_BYTES` bounds how far back they can reach), so a
 store that was not closed cleanly is re-indexed from there; the §7.3 endPhyOffset rule and
 the ConsumeQueue's own skip of units it holds make the overlap harmless.
 """

@@ -7,7 +7,8 @@ creates ``abort`` (§8.2: empty for 4.9, the PID for 5), finds the end of the Co
 (§10.6), first re-dispatching any records the queues lack (the 4.9 reput start, §9).
 After a crash (``abort`` was there) it also undoes what an interrupted append or index
 put left, and takes logicsMsgTimestamp from the last dispatched record, as the broker's
-abnormal recovery leaves them (§10.3).
+abnormal recovery leaves them (§10.3). What the open reads, refuses and re-dispatches is
+:mod:`rmqstore.engine.load`'s; the dispatch modes :mod:`rmqstore.engine.dispatch_modes`'.
 
 A clean :meth:`close` stops dispatch and flushing, syncs everything, deletes the
 preallocated segment nothing was written to (§2), writes the checkpoint (§8.1: 3 longs
@@ -24,42 +25,27 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
+from ..errors import NotAStoreError, RecordError, StoreIOError
 from ..files import checkpoint as ckpt
+from ..files.config import StoreConfig, load_config
+from ..files.index import IndexGeometry
+from ..files.index_service import IndexService, recover_unfinished
+from ..files.segments import SegmentQueue
 from ..format import layout as L
+from ..format.message import Message
 from . import batch
 from .append import CommitLogAppender
+from .dispatch import Dispatcher
+from .dispatch_modes import DISPATCH_MODES, BackgroundDispatcher, hooks
+from .flush import FlushService, TransientPool
+from .load import catch_up, survey
+from .logics_flush import LogicsFlushService
+from .message_batch import MessageBatch
 from .prepare import prepare
 from .results import Appended, PutResult, PutStatus
 from .unfinished_append import clear_unfinished_append
-from ..format.message import Message, parse_properties
-from ..files.commitlog import Check, CommitLog, ScanEnd
-from ..files.config import StoreConfig, load_config
-from .batch_dispatch import dispatch_columns
-from .dispatch import DEFER_BYTES, BackgroundDispatcher, Dispatcher
-from .message_batch import MessageBatch
-from ..errors import NotAStoreError, OffsetError, RecordError, RefusedError, StoreIOError
-from .flush import FlushService, TransientPool
-from ..files.index import IndexGeometry
-from ..files.index_service import IndexService, recover_unfinished
-from ..scan.survivors import Survivors
-from .logics_flush import LogicsFlushService
-from .reput import keys_behind, queue_state
-from ..files.segments import SegmentQueue
 
-DISPATCH_MODES = ("sync", "background", "off")
-
-
-def _zeros_at(queue: SegmentQueue, offset: int) -> bool:
-    """Are the 4 bytes at ``offset`` zeros (read with ``pread``, not through a map)?"""
-    try:
-        seg, pos = queue.find(offset)
-    except OffsetError:
-        return False
-    fd = os.open(seg.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        return not os.pread(fd, 4, pos).strip(b"\0")
-    finally:
-        os.close(fd)
+__all__ = ["DISPATCH_MODES", "MessageStore"]
 
 
 def _declined(msg, stamp, record):
@@ -130,7 +116,7 @@ class MessageStore:
         geometry = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
         queue = SegmentQueue(cfg.commit_log_dirs, size, writable=True, kind="commitlog")
         try:
-            found, offsets, max_phy = self._survey(queue, geometry)
+            found, offsets, max_phy = survey(cfg, queue, geometry, self.was_clean)
         except BaseException:
             queue.close()
             raise
@@ -138,7 +124,7 @@ class MessageStore:
 
         # Only now does the store change, and only as a broker's start changes it: the
         # checkpoint it creates (§8.1), abort (§8.2), the segments wholly after the end,
-        # which _survey found to hold no valid record (truncateDirtyFiles, §10.4), and
+        # which survey found to hold no valid record (truncateDirtyFiles, §10.4), and
         # after a crash what an interrupted write of ours left (module doc).
         if not cp_path.exists():  # the broker creates it, all zeros, when it starts (§8.1)
             ckpt.write_checkpoint(self.root, self.checkpoint, version=self._cp_version)
@@ -158,30 +144,7 @@ class MessageStore:
         self.dispatcher = Dispatcher(cfg, index=index)
         self.dispatcher.logics_timestamp = self.checkpoint.logics_msg_timestamp
 
-        reput_from = max(queue.min_offset, max_phy)
-        if queue.segments and (reput_from < end or not self.was_clean):
-            with CommitLog(cfg) as log_view:  # read-only maps: see _find_end
-                if index is not None and not self.was_clean and max_phy > 0:
-                    # Index keys that were waiting when the writer died (dispatch.DEFER_BYTES).
-                    def size_at(offset: int) -> int | None:
-                        c = log_view.check_at(offset, check_crc=False)
-                        return c.size if c.status is Check.OK else None
-
-                    behind = keys_behind(self.root, cfg.cq_file_size, index, max_phy, size_at,
-                                         DEFER_BYTES)
-                    if behind is not None:
-                        reput_from = max(queue.min_offset, min(reput_from, behind))
-                if reput_from < end:
-                    self.dispatcher.dispatch_log(log_view, reput_from, end)
-                offsets, _, last = queue_state(self.root, cfg.cq_file_size)
-                if not self.was_clean and last is not None:
-                    # The broker's abnormal recovery re-dispatches every record from its
-                    # start segment (spec §10.3), and each CQ write sets logicsMsgTimestamp,
-                    # a unit the queue already holds included (putMessagePositionInfo
-                    # returns true for it). Our reput skips those records, so take the
-                    # time of the last record the queues hold, or a clean close would
-                    # write the stale value of the crashed run's checkpoint (§8.1).
-                    self.dispatcher.logics_timestamp = log_view.read_at(last).store_timestamp
+        offsets = catch_up(cfg, queue, self.dispatcher, end, max_phy, self.was_clean, offsets)
 
         self.pool = TransientPool(size, cfg.transient_store_pool_size) \
             if cfg.transient_store_pool_enable else None
@@ -208,37 +171,9 @@ class MessageStore:
         self.logics_flusher.start()
         self.dispatch_mode = dispatch
         self.background = BackgroundDispatcher(self.dispatcher) if dispatch == "background" else None
-        # What the fast put calls under the append lock for each record (dispatch).
-        if dispatch == "sync":
-            self._record = self.dispatcher.dispatch_record
-            self._record_many = self.dispatcher.dispatch_columns
-        elif dispatch == "background":
-            submit = self.background.submit
-
-            def to_background(topic, queue_id, queue_offset, offset, size, sys_flag, ts, props, text):
-                if props is None:
-                    props = parse_properties(text)
-                submit([Appended(offset, size, topic, queue_id, queue_offset, sys_flag, ts, props)])
-
-            def many_to_background(topics, distinct, qids, qoffs, phys, sizes, sys_flags, ts,
-                                   props, texts):
-                if props is None:
-                    props = list(map(parse_properties, texts))
-                submit([Appended(o, s, t, q, qo, f, x, p) for o, s, t, q, qo, f, x, p in zip(
-                    phys.tolist(), sizes.tolist(), topics, qids.tolist(), qoffs.tolist(),
-                    sys_flags.tolist(), ts, props)])
-
-            self._record = to_background
-            self._record_many = many_to_background
-        else:
-            self._record = self._record_many = None
-        # The columnar batch (rmqstore.engine.batch): dispatch from the columns.
-        if dispatch == "sync":
-            self._columns_record = lambda c: dispatch_columns(self.dispatcher, c)
-        elif dispatch == "background":
-            self._columns_record = lambda c: self.background.submit(c.appended())
-        else:
-            self._columns_record = None
+        # What the puts call under the append lock for what they wrote (dispatch).
+        self._record, self._record_many, self._columns_record = hooks(
+            dispatch, self.dispatcher, self.background)
         self._sync_flush = self.flusher.sync
         self._put_message = self.appender.put_message  # the single put's fast path
         # A record with a property CRC is signed once its offsets are known (spec §3.8):
@@ -248,71 +183,6 @@ class MessageStore:
             self._put_message = _declined
         if not self._sync_flush:
             self.put = self._quick_put()
-
-    def _survey(self, queue: SegmentQueue, geometry: IndexGeometry
-                ) -> tuple[ScanEnd | None, dict, int]:
-        """Everything that can refuse the store, read before anything changes, so a refused
-        open leaves every byte as it was: (the end of valid data, the next queue offsets,
-        the ConsumeQueues' max physical end). Refused is what a broker's recovery would not do, or would do only
-        by destroying valid data; ``rmqstore repair`` plans it with a backup (spec §10.4):
-
-        * segments of the wrong size, misaligned or with a gap (the broker refuses to load);
-        * ConsumeQueue units pointing past the end (the broker would cut them);
-        * CRC-valid records after the end that the reopen would delete (segments wholly
-          after it) or the next append overwrite (the rest of the end segment), unless
-          they are the unfinished append of a writer of ours that died (zeros at the end,
-          after a crash: :func:`~rmqstore.engine.unfinished_append.clear_unfinished_append`);
-        * IndexFiles this geometry cannot open.
-        """
-        from ..scan.survivors import find_survivors
-
-        cfg = self.config
-        bad = [p for p in queue.problems if p.code in ("wrong-size", "misaligned", "gap")]
-        if bad:
-            raise RecordError(f"commitlog segment problem: {bad[0].detail}", bad[0].path, bad[0].offset)
-        found = self._find_end(queue)
-        end = found.offset if found is not None else 0
-        offsets, max_phy, _ = queue_state(self.root, cfg.cq_file_size)
-        if max_phy > end:
-            raise RefusedError(f"ConsumeQueue units point past the CommitLog's end ({max_phy} > "
-                               f"{end}); nothing was changed: run `rmqstore repair`, which "
-                               "cuts them as a broker's recovery does (spec §10.4)", self.root, end)
-        size = cfg.mapped_file_size_commit_log
-        surv = find_survivors(queue, end, cfg.max_message_size + 65536, data_only=True)
-        if len(surv) and not self.was_clean:
-            ours = _zeros_at(queue, end)
-            if ours:  # an interrupted append: cleared, as after our own crash
-                surv = Survivors(surv.offset[surv.offset >= end - end % size + size])
-        if len(surv):
-            first = int(surv.offset[0])
-            raise RefusedError(
-                f"{len(surv)} CRC-valid record(s) lie after the end of valid data {end} (first "
-                f"at CommitLog offset {first}): the record chain breaks before them, and "
-                "opening for writing would delete or overwrite them; nothing was changed: run "
-                "`rmqstore repair` (it keeps them unless told --allow-data-loss)", self.root, first)
-        if cfg.message_index_enable and cfg.index_dir.is_dir():
-            from ..files.index import IndexFile, _list_index_files
-
-            files = _list_index_files(cfg.index_dir)
-            for i, p in enumerate(files):
-                if i == len(files) - 1 and not self.was_clean and p.stat().st_size == 0:
-                    continue  # killed between create and sizing: recover_unfinished drops it
-                IndexFile(p, geometry).close()
-        return found, offsets, max_phy
-
-    def _find_end(self, queue: SegmentQueue) -> ScanEnd | None:
-        """End of valid data (spec §10.1): from the third-to-last segment after a clean
-        shutdown, from the first after a crash (``abort`` was present); None without
-        segments."""
-        if not queue.segments:
-            return None
-        start = queue.segments[max(0, len(queue.segments) - 3)].start if self.was_clean \
-            else queue.segments[0].start
-        # Recovery reads through read-only maps, which read a preallocated segment's
-        # holes safely; on tmpfs a read through the writable map would allocate the
-        # pages (and die of SIGBUS on a full one).
-        with CommitLog(self.config) as view:
-            return view.find_end(start)
 
     # --- writing -------------------------------------------------------------------------
 

@@ -187,6 +187,35 @@ class ConsumeQueueWriter:
         q = np.arange(first_queue_offset, first_queue_offset + n, dtype=np.int64)
         return self.put_many(q, phy, size, tags_codes)
 
+    def put_block(self, first_queue_offset: int, data, first_end: int, last_end: int,
+                  units: np.ndarray) -> None:
+        """Units ready as bytes ``data`` (``units``, the same as ``CQ_UNIT_DTYPE``) for
+        queue offsets counting up by one from ``first_queue_offset``, pointing at ascending
+        CommitLog ends ``first_end`` .. ``last_end`` (a batch's units of one queue): one
+        block write when they simply continue the queue, else :meth:`put_many` (same
+        bytes either way)."""
+        pos = self.write_pos
+        if pos is None or pos != first_queue_offset * UNIT or first_end <= self.max_physic_offset:
+            self.put_many(np.arange(first_queue_offset, first_queue_offset + len(units)),
+                          units["commit_log_offset"], units["size"], units["tags_code"])
+            return
+        start, size = self._starts[-1], self.file_size
+        if pos - start + len(data) <= self._map_alloc and self._map_start == start:
+            mm = self._map_cur  # the usual case: within the allocated part being written
+            mm[pos - start:pos - start + len(data)] = data
+            self.write_pos = pos + len(data)
+        else:
+            done = 0
+            while done < len(data):  # _write_dense, from ready bytes
+                if self.write_pos == self._starts[-1] + size:
+                    self._starts.append(self.write_pos)
+                room = self._starts[-1] + size - self.write_pos
+                chunk = data[done:done + room]
+                self._pwrite(self.write_pos, chunk)
+                self.write_pos += len(chunk)
+                done += len(chunk)
+        self.max_physic_offset = last_end
+
     def _accepted_prefix(self, q: np.ndarray, ends: np.ndarray) -> int:
         """How many leading units neither write rule skips (each then lands at its slot)."""
         prev = np.maximum.accumulate(np.concatenate(([self.max_physic_offset], ends[:-1])))

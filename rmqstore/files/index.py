@@ -380,7 +380,7 @@ def _time_diff(delta):
         else min(max(delta // 1000, 0), L.INT32_MAX)
 
 
-def _list_index_files(index_dir: Path) -> list[Path]:
+def list_index_files(index_dir: Path) -> list[Path]:
     """Regular files with all-digit names, oldest first; links are not followed
     (:mod:`rmqstore.files.listing`; verify reports them)."""
     from .listing import entries

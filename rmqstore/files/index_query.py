@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..format.hashing import index_hash
-from .index import (DEFAULT_MAX_MSGS_NUM_BATCH, LONG_MAX, IndexFile, IndexGeometry, _list_index_files,
+from .index import (DEFAULT_MAX_MSGS_NUM_BATCH, LONG_MAX, IndexFile, IndexGeometry, list_index_files,
                     infer_index_geometry)
 
 
@@ -46,7 +46,7 @@ class IndexReader:
                  *, max_msgs_num_batch: int = DEFAULT_MAX_MSGS_NUM_BATCH):
         self.path = Path(index_dir)
         self.max_msgs_num_batch = max_msgs_num_batch
-        paths = _list_index_files(self.path) if self.path.is_dir() else []
+        paths = list_index_files(self.path) if self.path.is_dir() else []
         if geometry is None and paths:
             sizes = {p.stat().st_size for p in paths}
             if len(sizes) > 1:

@@ -19,7 +19,7 @@ import numpy as np
 from ..format import layout as L
 from ..format.hashing import index_hash
 from ..format.rules import index_keys
-from .index import DEFAULT_MAX_MSGS_NUM_BATCH, LONG_MAX, IndexFile, IndexGeometry, _list_index_files
+from .index import DEFAULT_MAX_MSGS_NUM_BATCH, LONG_MAX, IndexFile, IndexGeometry, list_index_files
 from .index_query import IndexQueryResult, query_offset
 
 
@@ -41,7 +41,7 @@ def recover_unfinished(index_dir: str | os.PathLike, geometry: IndexGeometry) ->
       points at, so the next put neither links to nor counts the unfinished entries.
     """
     d = Path(index_dir)
-    files = _list_index_files(d) if d.is_dir() else []
+    files = list_index_files(d) if d.is_dir() else []
     if not files:
         return
     if files[-1].stat().st_size == 0:
@@ -83,7 +83,7 @@ class IndexService:
         self.clock = clock or (lambda: time.time_ns() // 1_000_000)
         self.tz = tz
         self.max_msgs_num_batch = max_msgs_num_batch
-        paths = _list_index_files(self.path)
+        paths = list_index_files(self.path)
         self.files = [IndexFile(p, geometry, writable=(i == len(paths) - 1))
                       for i, p in enumerate(paths)]
         #: endTimestamp of the last file that filled and was flushed (checkpoint §8.1).

@@ -44,7 +44,7 @@ from ..files.consumequeue import UNIT, ConsumeQueue, list_queues
 from ..files.consumequeue_writer import ConsumeQueueWriter, build_consume_queue
 from ..errors import NotAStoreError, RmqStoreError, StoreIOError, UnsafePathError
 from ..files.mapped import io_error
-from ..files.index import IndexFile, IndexGeometry, _list_index_files
+from ..files.index import IndexFile, IndexGeometry, list_index_files
 from ..files.index_service import IndexService
 from ..files.listing import entries, offset_name
 from .rebuild_writers import Live, finish_index
@@ -421,7 +421,7 @@ def _kept_index_files(root: Path, geometry: IndexGeometry, start: int) -> list[P
     """Index files, oldest first, up to the first one that reaches ``start``."""
     out = []
     d = root / "index"
-    for p in _list_index_files(d) if d.is_dir() else []:
+    for p in list_index_files(d) if d.is_dir() else []:
         f = IndexFile(p, geometry)
         end = f.header.end_phy_offset
         f.close()
@@ -466,7 +466,7 @@ def _update_checkpoint(root: Path, cfg: StoreConfig, d: Dispatched, cq_full: boo
 def last_full_index_timestamp(index_dir: Path, geometry: IndexGeometry) -> int | None:
     """endTimestamp of the newest write-full index file, or None when none is full."""
     out = None
-    for p in _list_index_files(index_dir) if index_dir.is_dir() else []:
+    for p in list_index_files(index_dir) if index_dir.is_dir() else []:
         try:
             f = IndexFile(p, geometry)
         except Exception:  # noqa: BLE001 - a broken file is verify's business, not ours

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..errors import RefusedError
 from ..files import checkpoint as ckpt
 from ..files.config import StoreConfig, config_for
-from ..files.index import _list_index_files
+from ..files.index import list_index_files
 from ..files.listing import offset_name
 from ..format import layout as L
 from .findings import ERROR
@@ -210,7 +210,7 @@ def _commitlog_steps(root: Path, cfg, rep: VerifyReport, by_code) -> list[Step]:
 def _index_steps(root: Path, cfg, rep: VerifyReport, by_code) -> list[Step]:
     if not cfg.message_index_enable:
         return []
-    names = [p.name for p in _list_index_files(root / "index")]
+    names = [p.name for p in list_index_files(root / "index")]
     drop_from = len(names)
     if rep.forecast and rep.forecast.index_files_deleted:
         drop_from = min(drop_from, names.index(rep.forecast.index_files_deleted[0]))

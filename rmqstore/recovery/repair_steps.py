@@ -25,7 +25,7 @@ from ..files.config import StoreConfig
 from ..files.consumequeue import UNIT, ConsumeQueue, effective_file_size
 from ..files.consumequeue_writer import ConsumeQueueWriter
 from ..errors import RefusedError, UnsafePathError
-from ..files.index import IndexGeometry, _list_index_files
+from ..files.index import IndexGeometry, list_index_files
 from ..files.index_service import IndexService
 from .journal import Journal
 from .store_paths import confine, is_dir
@@ -178,7 +178,7 @@ def scope(step, ctx: StepContext) -> list[tuple]:
         idx = confine(root, rel)
         if not is_dir(root, rel):
             return [("entries", rel)]
-        kept = [p for p in _list_index_files(idx) if f"{rel}/{p.name}" not in ctx.gone]
+        kept = [p for p in list_index_files(idx) if f"{rel}/{p.name}" not in ctx.gone]
         return ([("file", f"{rel}/{kept[-1].name}")] if kept else []) + [("entries", rel)]
     raise RefusedError(f"unknown repair step {a!r}; nothing was changed")
 
@@ -207,7 +207,7 @@ def backup_bytes(req: tuple, ctx: StepContext, same_fs: bool) -> int:
 
 def _last_index_file(ctx: StepContext) -> Path | None:
     idx = ctx.root / "index"
-    kept = [p for p in _list_index_files(idx) if f"index/{p.name}" not in ctx.gone] \
+    kept = [p for p in list_index_files(idx) if f"index/{p.name}" not in ctx.gone] \
         if is_dir(ctx.root, "index") else []
     return kept[-1] if kept else None
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..files import checkpoint as ckpt
 from ..files.dledger_chain import CLEAN_ENDS
-from ..files.index import IndexFile, IndexGeometry, _list_index_files
+from ..files.index import IndexFile, IndexGeometry, list_index_files
 from ..format import layout as L
 from ..format.dledger_layout import DLEDGER_BODY_OFFSET, DLEDGER_MAGIC
 from ..scan.dledger_scan import DLedgerScan, dledger_scan
@@ -219,7 +219,7 @@ def _index_loss(root: Path, cfg, deleted: list[str], keyed: np.ndarray) -> int:
     g = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
     d = root / "index"
     kept_end = -1
-    for p in _list_index_files(d) if d.is_dir() else []:
+    for p in list_index_files(d) if d.is_dir() else []:
         if p.name in deleted:
             continue
         try:

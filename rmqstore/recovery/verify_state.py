@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..files import checkpoint as ckpt
 from ..format import layout as L
-from ..files.index import IndexFile, IndexGeometry, _list_index_files
+from ..files.index import IndexFile, IndexGeometry, list_index_files
 
 
 def recovery_start(queue, cp, cfg, abort: bool) -> int:
@@ -42,7 +42,7 @@ def index_files_deleted(root: Path, cfg, cp) -> list[str]:
     limit = cp.index_msg_timestamp if cp else 0
     out = []
     d = root / "index"
-    for p in _list_index_files(d) if d.is_dir() else []:
+    for p in list_index_files(d) if d.is_dir() else []:
         try:
             f = IndexFile(p, g)
         except Exception:  # noqa: BLE001 - unreadable files are reported by the index checks
