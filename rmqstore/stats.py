@@ -105,7 +105,9 @@ def merge_stats(parts: Iterable[Iterable[QueueStats]]) -> list[QueueStats]:
     return [acc[k] for k in sorted(acc)]
 
 
-def _stats_task(split):
+def split_stats(split):
+    """(boundary, per-queue stats) of one CommitLog byte range: a worker's task, locally
+    or in a Spark job (``pipeline.stats_job`` reads a split again with it)."""
     from .scan.splits import open_split
 
     with open_split(split) as sc:
@@ -193,7 +195,7 @@ def commitlog_stats(store: str, *, split_size: int | None = None, processes: int
         total = sum(s.end - s.begin for s in splits)
         processes = (os.cpu_count() or 1) if total >= PARALLEL_MIN_BYTES else 1
     if not kind:
-        st, payloads = run_local(splits, _stats_task, processes)
+        st, payloads = run_local(splits, split_stats, processes)
         return merge_stats(payloads.values()), st.ends[store]
     st, payloads = run_local(splits, _stats_kind_task, processes)
     counts = _merge_counts(c for _, c, _ in payloads.values())

@@ -49,7 +49,7 @@ from .batch_dispatch import WrittenColumns
 from .batch_properties import encode_properties
 from .message_batch import MessageBatch, is_scalar
 from .prepare import FAST_PROPS_MAX
-from .results import PutResults, PutStatus
+from .results import PutResults
 
 _PROPS_LEN = L.RECORD_PROPERTIES_LENGTH_STRUCT
 _HOST_BITS = L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6
@@ -73,31 +73,136 @@ def _int_column(v, n: int):
     return a
 
 
+class QueueRanks:
+    """Where each message of a batch goes in its queue (spec §3.2, §3.7): the batch's
+    (topic, queueId) ``keys``, each message's key ``codes`` (``len(keys)`` for one that
+    does not advance its queue offset: PREPARED, ROLLBACK), its ``rank`` among the
+    messages of its queue (batch order), how many each key takes (``used``), and
+    ``order``, the messages sorted by key, stably (None when they are in one queue).
+    ``queue_ids`` is the queue ids as an array."""
+
+    __slots__ = ("keys", "codes", "rank", "used", "order", "queue_ids", "advance")
+
+    def __init__(self, topic: str | None, topics, qids, advance, n: int):
+        # advance: True, False or a bool array (rules.advances_queue_offset)
+        q = np.broadcast_to(np.asarray(qids, dtype=np.int64), (n,))
+        if topic is not None and isinstance(qids, int):
+            codes = np.zeros(n, dtype=np.int64)
+            keys = [(topic, qids)]
+        elif topic is not None:
+            lo, hi = int(q.min()), int(q.max())
+            if lo >= 0 and hi < 1 << 20:
+                present = np.flatnonzero(np.bincount(q, minlength=hi + 1))
+                lut = np.empty(hi + 1, dtype=np.int64)
+                lut[present] = np.arange(len(present))
+                codes = lut[q]
+                keys = [(topic, x) for x in present.tolist()]
+            else:
+                uq, codes = np.unique(q, return_inverse=True)
+                keys = [(topic, x) for x in uq.tolist()]
+        else:
+            kmap: dict = {}
+            codes = np.fromiter((kmap.setdefault(x, len(kmap)) for x in zip(topics, q.tolist())),
+                                dtype=np.int64, count=n)
+            keys = list(kmap)
+        nk = len(keys)
+        if advance is False:
+            codes = np.full(n, nk, dtype=np.int64)
+        elif advance is not True:
+            codes = np.where(advance, codes, nk)
+        if nk == 1 and advance is True:
+            order = None
+            used = np.array([n], dtype=np.int64)
+            rank = np.arange(n, dtype=np.int64)
+        else:
+            # Small codes sort stably in linear time (radix) as int16.
+            order = np.argsort(codes.astype(np.int16) if nk < 32767 else codes, kind="stable")
+            counts = np.bincount(codes, minlength=nk + 1)
+            gstart = np.cumsum(counts) - counts
+            rank = np.empty(n, dtype=np.int64)
+            rank[order] = np.arange(n, dtype=np.int64) - gstart[codes[order]]
+            used = counts[:nk]
+        self.keys, self.codes, self.rank, self.used, self.order = keys, codes, rank, used, order
+        self.queue_ids, self.advance = q, advance
+
+    def queue_offsets(self, counters: dict) -> tuple[np.ndarray, np.ndarray]:
+        """(first queue offset per key and a trailing 0, each message's QUEUEOFFSET) from
+        the appender's ``counters``; the caller holds the append lock."""
+        base = np.array([counters.get(key, 0) for key in self.keys] + [0], dtype=np.int64)
+        advance = self.advance
+        if advance is True:
+            return base, base[self.codes] + self.rank
+        if advance is False:
+            return base, np.zeros(len(self.codes), dtype=np.int64)
+        return base, np.where(advance, base[self.codes] + self.rank, 0)
+
+    def advance_counters(self, counters: dict, base: np.ndarray) -> None:
+        """Move ``counters`` past the batch, once its records are written."""
+        for key, b, u in zip(self.keys, base.tolist(), self.used.tolist()):
+            if u:
+                counters[key] = b + u
+
+
 _header_templates: dict = {}
+_TEMPLATE_FIELDS = ("flag", "born_timestamp", "reconsume_times", "prepared_transaction_offset")
 
 
-def _fallback(store, batch: MessageBatch, stamp: bool):
-    return store.put_batch(batch.messages(), stamp=stamp)
+def record_headers(n: int, dtype, born, store, flag, born_timestamp, reconsume_times,
+                   prepared_transaction_offset, **fields) -> np.ndarray:
+    """The fixed parts (``layout.RECORD_FIXED_DTYPE`` ``dtype``) of ``n`` records: magic v1,
+    the hosts (a Host for all, or a list of one per record), the four fields after them
+    (an int for all, or an array) and ``fields`` by name (total_size, body_crc, ...).
+    What is the same for every record is one template row, repeated as bytes (far
+    cheaper than a structured fill) and cached while it repeats."""
+    shared = isinstance(born, tuple) and isinstance(store, tuple)
+    values = (flag, born_timestamp, reconsume_times, prepared_transaction_offset)
+    tkey = (dtype, *values, born, store) if shared and all(map(is_scalar, values)) else None
+    row = _header_templates.get(tkey) if tkey is not None else None
+    if row is None:
+        row = np.zeros(1, dtype=dtype)
+        row["magic"] = _MAGIC_V1
+        for name, h in (("born_host", born), ("store_host", store)):
+            if isinstance(h, tuple):
+                row[name + "_address"] = np.frombuffer(h[0], dtype=np.uint8)
+                row[name + "_port"] = h[1]
+        for name, v in zip(_TEMPLATE_FIELDS, values):
+            if is_scalar(v):
+                row[name] = v
+        if tkey is not None:
+            if len(_header_templates) > 64:
+                _header_templates.clear()
+            _header_templates[tkey] = row
+    hdr = np.frombuffer(bytearray(row.tobytes() * n), dtype=dtype)
+    if tkey is None:
+        for name, h in (("born_host", born), ("store_host", store)):
+            if not isinstance(h, tuple):
+                hdr[name + "_address"] = np.frombuffer(b"".join([x[0] for x in h]),
+                                                       dtype=np.uint8).reshape(n, -1)
+                hdr[name + "_port"] = np.array([x[1] for x in h], dtype=np.int64)
+        for name, v in zip(_TEMPLATE_FIELDS, values):
+            if not is_scalar(v):
+                hdr[name] = v
+    for name, v in fields.items():
+        hdr[name] = v
+    return hdr
 
 
-def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
-    """:meth:`MessageStore.put_columns`: see the module docstring."""
-    store._check_open()
+def put_columns(a, batch: MessageBatch, stamp: bool, record=None):
+    """:meth:`MessageStore.put_columns` (see the module docstring) with appender ``a``:
+    the results, or None when the batch needs put_batch with its messages.
+    ``record(WrittenColumns)`` dispatches the records under the append lock."""
     n = len(batch)
-    if n == 0:
-        return []
-    a = store.appender
     # --- checks that send the batch the general way --------------------------------------
     topic = batch.topic
     single = isinstance(topic, str)
     distinct = {topic} if single else set(topic)
     if SCHEDULE_TOPIC in distinct:
-        return _fallback(store, batch, stamp)
+        return None
     blocks = {}
     for t in distinct:
         entry = a.topic_entry(t)
         if entry is None or entry[0] != L.MAGIC_V1:
-            return _fallback(store, batch, stamp)
+            return None
         blocks[t] = entry[1]
     born, st_host = batch.born_host, batch.store_host
     k = (len(born[0]) == 16) + 2 * (len(st_host[0]) == 16)
@@ -109,7 +214,7 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
         bodies = [b if b is not None else b"" for b in bodies]
         blens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
     if int(blens.max()) > a.max_body:
-        return _fallback(store, batch, stamp)
+        return None
     if single:
         tblocks, topic_codes, topics = [blocks[topic]], None, None
         tlens = len(blocks[topic])
@@ -122,12 +227,12 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
         tlens = np.array([len(b) for b in tblocks], dtype=np.int64)[topic_codes]
     enc = encode_properties(batch, n, a.trailing, tblocks, topic_codes)
     if enc is None:
-        return _fallback(store, batch, stamp)
+        return None
     pieces, plens, cols_info, texts = enc
     totals = fixed + blens + tlens + 2 + plens
     total = int(totals.sum())
     if int(totals.max()) > a.max_total or total + L.END_FILE_MIN_BLANK_LENGTH > a.size:
-        return _fallback(store, batch, stamp)
+        return None
     # --- the fixed fields -------------------------------------------------------------------
     crcs = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n)
     crcs &= BODY_CRC_MASK
@@ -135,102 +240,26 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
     sys_arr = (sys_flag & ~_HOST_BITS) | host_bits
     tx = sys_arr & _TX_MASK
     qids = _int_column(batch.queue_ids, n)
-    if isinstance(tx, int):
-        advance = advances_queue_offset(tx)
-        advance_arr = None
-    else:
-        advance_arr = advances_queue_offset(tx)  # and so gets_cq_unit: the units below
-        advance = None
-    # Queue keys and each message's rank within its queue (consecutive queue offsets).
-    if single:
-        q = np.broadcast_to(np.asarray(qids, dtype=np.int64), (n,))
-        if isinstance(qids, int):
-            codes = np.zeros(n, dtype=np.int64)
-            keys = [(topic, qids)]
-        else:
-            lo, hi = int(q.min()), int(q.max())
-            if lo >= 0 and hi < 1 << 20:
-                present = np.flatnonzero(np.bincount(q, minlength=hi + 1))
-                lut = np.empty(hi + 1, dtype=np.int64)
-                lut[present] = np.arange(len(present))
-                codes = lut[q]
-                keys = [(topic, x) for x in present.tolist()]
-            else:
-                uq, codes = np.unique(q, return_inverse=True)
-                keys = [(topic, x) for x in uq.tolist()]
-    else:
-        q = np.broadcast_to(np.asarray(qids, dtype=np.int64), (n,))
-        kmap: dict = {}
-        codes = np.fromiter((kmap.setdefault(x, len(kmap)) for x in zip(topics, q.tolist())),
-                            dtype=np.int64, count=n)
-        keys = list(kmap)
-    nk = len(keys)
-    if advance is False:
-        codes = np.full(n, nk, dtype=np.int64)
-    elif advance_arr is not None:
-        codes = np.where(advance_arr, codes, nk)
-    if nk == 1 and advance is True:
-        order = None
-        used = np.array([n], dtype=np.int64)
-        rank = np.arange(n, dtype=np.int64)
-    else:
-        # Small codes sort stably in linear time (radix) as int16.
-        order = np.argsort(codes.astype(np.int16) if nk < 32767 else codes, kind="stable")
-        counts = np.bincount(codes, minlength=nk + 1)
-        gstart = np.cumsum(counts) - counts
-        rank = np.empty(n, dtype=np.int64)
-        rank[order] = np.arange(n, dtype=np.int64) - gstart[codes[order]]
-        used = counts[:nk]
+    # PREPARED / ROLLBACK take no queue offset (and so no CQ unit: gets_cq_unit)
+    advance = advances_queue_offset(tx)
+    ranks = QueueRanks(topic if single else None, topics, qids, advance, n)
     rel = np.cumsum(totals)
     rel -= totals
-    tkey = (k, batch.flag, batch.born_timestamp, born, st_host, batch.reconsume_times,
-            batch.prepared_transaction_offset) if all(
-        is_scalar(v) for v in (batch.flag, batch.born_timestamp, batch.reconsume_times,
-                                batch.prepared_transaction_offset)) else None
-    row = _header_templates.get(tkey) if tkey is not None else None
-    if row is None:
-        row = np.zeros(1, dtype=dtype)
-        row["magic"] = L.MAGIC_V1
-        for name in ("born_host", "store_host"):
-            h = born if name == "born_host" else st_host
-            row[name + "_address"] = np.frombuffer(h[0], dtype=np.uint8)
-            row[name + "_port"] = h[1]
-        if tkey is not None:
-            row["flag"] = batch.flag
-            row["born_timestamp"] = batch.born_timestamp
-            row["reconsume_times"] = batch.reconsume_times
-            row["prepared_transaction_offset"] = batch.prepared_transaction_offset
-            if len(_header_templates) > 64:
-                _header_templates.clear()
-            _header_templates[tkey] = row
-    # The template row repeated (a bytes product: far cheaper than a structured fill).
-    hdr = np.frombuffer(bytearray(row.tobytes() * n), dtype=dtype)
-    if tkey is None:
-        for name, v in (("flag", batch.flag), ("born_timestamp", batch.born_timestamp),
-                        ("reconsume_times", batch.reconsume_times),
-                        ("prepared_transaction_offset", batch.prepared_transaction_offset)):
-            hdr[name] = _int_column(v, n)
-    hdr["total_size"] = totals
-    hdr["body_crc"] = crcs
-    hdr["queue_id"] = qids
-    hdr["sys_flag"] = sys_arr
-    hdr["body_length"] = blens
+    hdr = record_headers(n, dtype, born, st_host, _int_column(batch.flag, n),
+                         _int_column(batch.born_timestamp, n),
+                         _int_column(batch.reconsume_times, n),
+                         _int_column(batch.prepared_transaction_offset, n),
+                         total_size=totals, body_crc=crcs, queue_id=qids, sys_flag=sys_arr,
+                         body_length=blens)
     if not stamp:
         store_ts = _int_column(batch.store_timestamp, n)
         hdr["store_timestamp"] = store_ts
     # --- under the append lock: offsets, timestamps, bytes, dispatch ---------------------
-    record = store._columns_record
     with a.lock:
         start = a.reserve(total)
         phys = rel + start
         counters = a.queue_offsets
-        base = np.array([counters.get(key, 0) for key in keys] + [0], dtype=np.int64)
-        if advance is True:
-            qoffs = base[codes] + rank
-        elif advance is False:
-            qoffs = np.zeros(n, dtype=np.int64)
-        else:
-            qoffs = np.where(advance_arr, base[codes] + rank, 0)
+        base, qoffs = ranks.queue_offsets(counters)
         if stamp:
             store_ts = now_ms()
             hdr["store_timestamp"] = store_ts
@@ -239,15 +268,14 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
         heads = hdr.view(f"V{fixed}").tolist()
         data = b"".join(itertools.chain.from_iterable(zip(heads, bodies, *pieces)))
         a.place(data, total)
-        for key, b, u in zip(keys, base[:nk].tolist(), used.tolist()):  # once written
-            if u:
-                counters[key] = b + u
+        ranks.advance_counters(counters, base)  # once written
         a.last_store_timestamp = store_ts if isinstance(store_ts, int) else int(store_ts[-1])
         a.last_record_offset = int(phys[-1])
         if record is not None:
-            cols = WrittenColumns(topic if single else None, topics, distinct, q, qoffs, phys,
-                               totals, sys_arr, tx, store_ts, batch, texts, cols_info,
-                               order, codes, keys, used, base)
+            cols = WrittenColumns(topic if single else None, topics, distinct, ranks.queue_ids,
+                                  qoffs, phys, totals, sys_arr, tx, store_ts, batch, texts,
+                                  cols_info, ranks.order, ranks.codes, ranks.keys, ranks.used,
+                                  base)
             try:
                 record(cols)
             except StoreIOError as e:  # the batch is written: it is put (MessageStore._failed)
@@ -257,11 +285,7 @@ def put_columns(store, batch: MessageBatch, *, stamp: bool = False):
     else:
         ts_list = store_ts.tolist()
     prefix = a.msg_id_prefix(st_host)
-    results = PutResults(phys, totals, qoffs, ts_list, itertools.repeat(prefix, n))
-    if store._sync_flush and not store.flusher.wait_flushed(results.end):
-        for r in results:
-            r.status = PutStatus.FLUSH_DISK_TIMEOUT
-    return results
+    return PutResults(phys, totals, qoffs, ts_list, itertools.repeat(prefix, n))
 
 
 # --- Message objects -------------------------------------------------------------------
@@ -350,52 +374,22 @@ def put_messages(a, msgs: Sequence[Message], stamp: bool, record_many=None):
     crcs = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n) & BODY_CRC_MASK
     sys_arr = (np.array(sys_flags, dtype=np.int64) & ~_HOST_BITS) | host_bits
     advance = advances_queue_offset(sys_arr)
+    if advance.all():
+        advance = True
     qids = np.array(queue_ids, dtype=np.int64)
-    # Key codes for (topic, queueId): consecutive queue offsets per key, in batch order.
-    if len(distinct) == 1:
-        uq, codes = np.unique(qids, return_inverse=True)
-        keys = [(topics[0], q) for q in uq.tolist()]
-    else:
-        kmap: dict = {}
-        codes = np.fromiter((kmap.setdefault(x, len(kmap)) for x in zip(topics, queue_ids)),
-                            dtype=np.int64, count=n)
-        keys = list(kmap)
-    codes = np.where(advance, codes, len(keys))
-    order = np.argsort(codes, kind="stable")
-    sc = codes[order]
-    starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]])
-    counts = np.diff(np.r_[starts, n])
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n) - np.repeat(starts, counts)
-    used = np.bincount(codes, minlength=len(keys) + 1)[:len(keys)]
+    ranks = QueueRanks(topics[0] if len(distinct) == 1 else None, topics, qids, advance, n)
     plen_b = list(map(_PROPS_LEN.pack, plens.tolist()))
     rel = np.cumsum(totals) - totals
-    hdr = np.zeros(n, dtype=dtype)
-    hdr["total_size"] = totals
-    hdr["magic"] = _MAGIC_V1
-    hdr["body_crc"] = crcs
-    hdr["queue_id"] = qids
-    hdr["flag"] = _column(flags)
-    hdr["sys_flag"] = sys_arr
-    hdr["born_timestamp"] = _column(born_ts)
-    for hosts, hset, which in ((born_hosts, born_set, "born_host"), (store_hosts, store_set, "store_host")):
-        if len(hset) == 1:
-            h = next(iter(hset))
-            hdr[which + "_address"] = np.frombuffer(h[0], dtype=np.uint8)
-            hdr[which + "_port"] = h[1]
-        else:
-            hdr[which + "_address"] = np.frombuffer(b"".join([h[0] for h in hosts]),
-                                                    dtype=np.uint8).reshape(n, -1)
-            hdr[which + "_port"] = np.array([h[1] for h in hosts], dtype=np.int64)
-    hdr["reconsume_times"] = _column(reconsume)
-    hdr["prepared_transaction_offset"] = _column(prepared)
-    hdr["body_length"] = blens
+    hosts = [next(iter(hset)) if len(hset) == 1 else list(h)
+             for h, hset in ((born_hosts, born_set), (store_hosts, store_set))]
+    hdr = record_headers(n, dtype, *hosts, _column(flags), _column(born_ts), _column(reconsume),
+                         _column(prepared), total_size=totals, body_crc=crcs, queue_id=qids,
+                         sys_flag=sys_arr, body_length=blens)
     with a.lock:
         start = a.reserve(total)
         phys = start + rel
         counters = a.queue_offsets
-        base = np.array([counters.get(key, 0) for key in keys] + [0], dtype=np.int64)
-        qoffs = np.where(advance, base[codes] + rank, 0)
+        base, qoffs = ranks.queue_offsets(counters)
         if stamp:
             now = now_ms()
             ts_list = [now] * n
@@ -408,9 +402,7 @@ def put_messages(a, msgs: Sequence[Message], stamp: bool, record_many=None):
         heads = hdr.view(f"V{fixed}").tolist()
         data = b"".join(itertools.chain.from_iterable(zip(heads, bodies, tblocks, plen_b, props_b)))
         a.place(data, total)
-        for key, b, u in zip(keys, base.tolist(), used.tolist()):  # once written
-            if u:
-                counters[key] = b + u
+        ranks.advance_counters(counters, base)  # once written
         a.last_store_timestamp = ts_list[-1]
         a.last_record_offset = int(phys[-1])
         if record_many is not None:

@@ -42,7 +42,7 @@ from .load import catch_up, survey
 from .logics_flush import LogicsFlushService
 from .message_batch import MessageBatch
 from .prepare import prepare
-from .results import Appended, PutResult, PutStatus
+from .results import Appended, PutResult, PutResults, PutStatus
 from .unfinished_append import clear_unfinished_append
 
 __all__ = ["DISPATCH_MODES", "MessageStore"]
@@ -267,14 +267,19 @@ class MessageStore:
             self._failed(e)
             raise
 
+    def _flushed(self, results: PutResults) -> PutResults:
+        """``results`` of a vectorised batch, once flushed (SYNC_FLUSH: FLUSH_DISK_TIMEOUT
+        after ``syncFlushTimeout``, spec §11.2)."""
+        if self._sync_flush and not self.flusher.wait_flushed(results.end):
+            for r in results:
+                r.status = PutStatus.FLUSH_DISK_TIMEOUT
+        return results
+
     def _put_batch(self, msgs: Sequence[Message], stamp: bool) -> list[PutResult]:
         if len(msgs) > 1 and not self._prop_crc:
             results = batch.put_messages(self.appender, msgs, stamp, self._record_many)
             if results is not None:
-                if self._sync_flush and not self.flusher.wait_flushed(results.end):
-                    for r in results:
-                        r.status = PutStatus.FLUSH_DISK_TIMEOUT
-                return results
+                return self._flushed(results)
         preps = []
         for m in msgs:
             p = prepare(m, self.config)
@@ -304,13 +309,19 @@ class MessageStore:
             columns_batch = MessageBatch(**columns)
         elif columns:
             raise TypeError("give a MessageBatch or keyword columns, not both")
+        self._check_open()
+        if len(columns_batch) == 0:
+            return []
         if self._prop_crc:
             return self.put_batch(columns_batch.messages(), stamp=stamp)
         try:
-            return batch.put_columns(self, columns_batch, stamp=stamp)
+            results = batch.put_columns(self.appender, columns_batch, stamp, self._columns_record)
         except StoreIOError as e:
             self._failed(e)
             raise
+        if results is None:  # anything unusual: the equivalent messages, the general way
+            return self.put_batch(columns_batch.messages(), stamp=stamp)
+        return self._flushed(results)
 
     def _failed(self, e: StoreIOError) -> None:
         """A put hit a full disk or an I/O error. When the appender refused before writing

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import OffsetError, SegmentError, UnsafePathError
 from ..format import layout as L
 from ..format.rules import bcq_unit_ok
-from .consumequeue import QueueListing, QueueProblem, _first_false, _scan_segments, list_queues
+from .consumequeue import QueueListing, QueueProblem, _scan_segments, first_false, list_queues
 from .listing import entries, offset_name, open_regular
 from .mapped import map_read
 from .names import queue_dir
@@ -142,7 +142,7 @@ class BatchConsumeQueue:
         self._used = [len(u) for _, u in segs]
         last = len(segs) - 1
         for i in range(max(0, len(segs) - 3), len(segs)):
-            n = _first_false(_valid(segs[i][1]))
+            n = first_false(_valid(segs[i][1]))
             self._used[i] = n
             last = i
             if n < self.units_per_file:
@@ -163,7 +163,7 @@ class BatchConsumeQueue:
                 self.segments.pop()
                 self._used.pop()
                 continue
-            self._used[-1] = _first_false(units["commit_log_offset"] < phy)
+            self._used[-1] = first_false(units["commit_log_offset"] < phy)
             break
 
     # --- offsets --------------------------------------------------------------------------

@@ -134,7 +134,7 @@ def _valid(units: np.ndarray) -> np.ndarray:
     return (units["commit_log_offset"] >= 0) & (units["size"] > 0)
 
 
-def _first_false(mask: np.ndarray) -> int:
+def first_false(mask: np.ndarray) -> int:
     """Index of the first False, or len(mask) when all are True."""
     bad = np.flatnonzero(~mask)
     return int(bad[0]) if bad.size else len(mask)
@@ -189,7 +189,7 @@ class ConsumeQueue:
             self._used[i] = len(segs[i][1])  # not scanned: the broker trusts them
             last = i
         for i in range(max(0, len(segs) - 3), len(segs)):
-            n = _first_false(_valid(segs[i][1]))
+            n = first_false(_valid(segs[i][1]))
             self._used[i] = n
             last = i
             if n < self.file_size // UNIT:
@@ -218,7 +218,7 @@ class ConsumeQueue:
                 self.segments.pop()
                 self._used.pop()
                 continue
-            keep = _first_false(_valid(units) & (units["commit_log_offset"] < phy))
+            keep = first_false(_valid(units) & (units["commit_log_offset"] < phy))
             self._used[-1] = keep
             if keep:
                 u = units[keep - 1]
@@ -255,7 +255,7 @@ class ConsumeQueue:
                 return self.max_offset
             i = int(np.searchsorted(first, commit_log_min_offset, side="left"))
         elif rule == "4.9":
-            i = _first_false(first < commit_log_min_offset)
+            i = first_false(first < commit_log_min_offset)
         else:
             raise ValueError(f"unknown min-offset rule {rule!r}")
         return self.base_offset + i if i < len(first) else self.base_offset

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import SegmentError
 from ..format import layout as L
-from .consumequeue import DEFAULT_CQ_FILE_SIZE, UNIT, ConsumeQueue, _first_false, effective_file_size
+from .consumequeue import DEFAULT_CQ_FILE_SIZE, UNIT, ConsumeQueue, first_false, effective_file_size
 from .mapped import Ahead, io_error, note
 
 _UNIT_STRUCT = L.CQ_UNIT_STRUCT
@@ -221,7 +221,7 @@ class ConsumeQueueWriter:
         prev = np.maximum.accumulate(np.concatenate(([self.max_physic_offset], ends[:-1])))
         ok = ends > prev
         ok &= q >= self.write_pos // UNIT + np.arange(len(q))
-        return _first_false(ok)
+        return first_false(ok)
 
     def _write_dense(self, phy: np.ndarray, size: np.ndarray, tags: np.ndarray) -> None:
         units = np.empty(len(phy), dtype=L.CQ_UNIT_DTYPE)

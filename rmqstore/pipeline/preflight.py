@@ -43,12 +43,12 @@ def absolute_uri(path: str | os.PathLike) -> str:
     p = os.fspath(path)
     if S.is_remote(p):
         return p
-    return "file://" + os.path.abspath(S._local(p))
+    return "file://" + os.path.abspath(S.local_path(p))
 
 
 def local_path(uri: str) -> str:
     """The path of a ``file://`` URI (a plain path unchanged)."""
-    return S._local(uri)
+    return S.local_path(uri)
 
 
 def is_local_master(master: str | None) -> bool:

@@ -59,7 +59,7 @@ def stats(spark: SparkSession, stores: Stores, *, split_size: int = S.DEFAULT_SP
             parts.setdefault(r["split_id"], []).append(ST.QueueStats(*[r[f] for f in ST.STATS_FIELDS]))
 
     def again(s):
-        b, qs = S._stats_task(s)
+        b, qs = S.split_stats(s)
         parts[s.split_id] = qs
         return b
 

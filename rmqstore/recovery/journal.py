@@ -73,7 +73,7 @@ _RESERVED = {MANIFEST, JOURNAL}
 CHUNK = 1 << 20
 
 
-def _io(op: str, path, e: OSError) -> StoreIOError:
+def journal_io_error(op: str, path, e: OSError) -> StoreIOError:
     return StoreIOError(f"cannot {op}: {e.strerror or e}", e.filename or path, errno=e.errno)
 
 
@@ -94,7 +94,7 @@ def write_marker(root: Path, jdir: Path, operation: str) -> None:
         os.replace(tmp, root / MARKER)
         fsync_dir(root)
     except OSError as e:
-        raise _io("write the repair marker", root / MARKER, e) from None
+        raise journal_io_error("write the repair marker", root / MARKER, e) from None
 
 
 def remove_marker(root: Path) -> None:
@@ -104,7 +104,7 @@ def remove_marker(root: Path) -> None:
     except FileNotFoundError:
         pass
     except OSError as e:
-        raise _io("remove the repair marker", Path(root) / MARKER, e) from None
+        raise journal_io_error("remove the repair marker", Path(root) / MARKER, e) from None
 
 
 # --- the journal as written ----------------------------------------------------------------
@@ -156,7 +156,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _pwrite_all(fd: int, data: bytes, at: int) -> None:
+def pwrite_all(fd: int, data: bytes, at: int) -> None:
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, at)
@@ -225,7 +225,7 @@ class Journal:
             fsync_dir(jdir.parent)
         except OSError as e:
             j.close()
-            raise _io("create the repair journal", jdir, e) from None
+            raise journal_io_error("create the repair journal", jdir, e) from None
         j.record("begin")
         write_marker(root, jdir, "repair")
         return j
@@ -244,7 +244,7 @@ class Journal:
             os.fsync(self._fd)
         except OSError as e:
             self._broken = True  # a torn line must stay the last one
-            raise _io("append to the repair journal", self.dir / JOURNAL, e) from None
+            raise journal_io_error("append to the repair journal", self.dir / JOURNAL, e) from None
 
     # --- saving a scope ----------------------------------------------------------------
 
@@ -324,7 +324,7 @@ class Journal:
                 if it.get("saved") and it["kind"] != "move":
                     fsync_dir((self.dir / it["saved"]).parent)
         except OSError as e:
-            raise _io("save to the backup", self.dir, e) from None
+            raise journal_io_error("save to the backup", self.dir, e) from None
         self.record("start", step=k, action=action, path=path, items=items)
         return items
 

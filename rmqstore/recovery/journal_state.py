@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import RefusedError
 from ..files.repair_marker import MARKER, read_marker
-from .journal import FORMAT, JOURNAL, MANIFEST, _io
+from .journal import FORMAT, JOURNAL, MANIFEST, journal_io_error
 
 
 @dataclass
@@ -70,7 +70,7 @@ def read_backup(backup_dir: str | os.PathLike) -> JournalState:
     except FileNotFoundError:
         data = b""
     except OSError as e:
-        raise _io("read the repair journal", jdir / JOURNAL, e) from None
+        raise journal_io_error("read the repair journal", jdir / JOURNAL, e) from None
     for line in data.split(b"\n"):
         try:
             r = json.loads(line)
@@ -141,7 +141,7 @@ class Interrupted:
                 "description": self.describe()}
 
 
-def _interrupted(marker: dict, state: JournalState) -> Interrupted:
+def interrupted_from(marker: dict, state: JournalState) -> Interrupted:
     return Interrupted(str(state.dir), str(state.dir) if state.backup else None,
                        "restore" if marker.get("operation") == "restore" else "repair",
                        marker.get("pid"), marker.get("started"), state.steps,
@@ -155,10 +155,10 @@ def find_interrupted(root: str | os.PathLike) -> Interrupted | None:
     marker = read_marker(root)
     if marker is None:
         return None
-    return _interrupted(marker, _state_for(root, marker))
+    return interrupted_from(marker, journal_state_for(root, marker))
 
 
-def _state_for(root: Path, marker: dict) -> JournalState:
+def journal_state_for(root: Path, marker: dict) -> JournalState:
     jdir = Path(marker["journal"])
     if not (jdir / MANIFEST).exists():
         raise RefusedError(

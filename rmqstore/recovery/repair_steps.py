@@ -27,7 +27,7 @@ from ..files.consumequeue_writer import ConsumeQueueWriter
 from ..errors import RefusedError, UnsafePathError
 from ..files.index import IndexGeometry, list_index_files
 from ..files.index_service import IndexService
-from .journal import Journal
+from .journal import Journal, pwrite_all
 from .store_paths import confine, is_dir
 from ..files.sparse import BLOCK, CHUNK, allocated, allocated_in, fsync_dir, is_zero
 
@@ -238,16 +238,14 @@ def store_bytes(step, ctx: StepContext) -> int:
         files = 1 + span // ctx.cq_size
         return _pages(span) + files * (min(CQ_AHEAD, ctx.cq_size) + BLOCK)
     if a == "reindex":
-        from ..files.index import _HEADER
-
         g = ctx.geometry
         head, last = g.entries_start, _last_index_file(ctx)  # header + slot table
         start = room = total = 0
         if last is not None:
             with open(last, "rb") as f:
-                h = f.read(_HEADER.size)
-            if len(h) == _HEADER.size:
-                _, _, _, start, _, count = _HEADER.unpack(h)  # endPhyOffset (§7.3)
+                h = f.read(L.INDEX_HEADER_STRUCT.size)
+            if len(h) == L.INDEX_HEADER_STRUCT.size:
+                _, _, _, start, _, count = L.INDEX_HEADER_STRUCT.unpack(h)  # endPhyOffset (§7.3)
                 room = max(0, g.index_num - max(count, 1))
             total += max(0, head - allocated_in(last, 0, head)) + INDEX_AHEAD
         n = int(np.count_nonzero(d.key_offset >= start))
@@ -316,13 +314,6 @@ def preflight(ctx: StepContext, steps: list, backup_dir: Path | None) -> dict:
 # --- running ---------------------------------------------------------------------------
 
 
-def _pwrite_all(fd: int, data, at: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, at)
-        view, at = view[n:], at + n
-
-
 def _zero(path: Path, offset: int, length: int, size: int | None = None) -> None:
     """Zero ``[offset, offset + length)`` (within the file), rewriting only the chunks
     that are not zero; then extend the file to ``size`` if shorter. fsync'd."""
@@ -335,7 +326,7 @@ def _zero(path: Path, offset: int, length: int, size: int | None = None) -> None
             if not data:
                 break
             if not is_zero(data):
-                _pwrite_all(fd, bytes(len(data)), pos)
+                pwrite_all(fd, bytes(len(data)), pos)
             pos += len(data)
         if size is not None and os.fstat(fd).st_size < size:
             os.ftruncate(fd, size)
@@ -353,7 +344,7 @@ def _fix_body_crc(path: Path, at: int) -> None:
                                     bool(sys_flag & L.SYSFLAG_STOREHOST_V6)]
         n = int.from_bytes(os.pread(fd, 4, at - 8 + fixed - 4), "big", signed=True)
         body = os.pread(fd, max(n, 0), at - 8 + fixed)
-        _pwrite_all(fd, _BODY_CRC.pack(body_crc(body)), at)
+        pwrite_all(fd, _BODY_CRC.pack(body_crc(body)), at)
         # A record that ends in a property CRC covers BODYCRC too (spec §3.8): renew it,
         # or a broker with forceVerifyPropCRC would cut the log at this record instead.
         _renew_prop_crc(fd, at - L.OFFSET_OF["body_crc"])
@@ -384,7 +375,7 @@ def _renew_prop_crc(fd: int, record_at: int) -> None:
     rec = _record_at(fd, record_at)
     if ends_in_prop_crc(rec):
         entry = prop_crc_entry(record_prop_crc(rec))
-        _pwrite_all(fd, entry, record_at + len(rec) - L.PROP_CRC_ENTRY_SIZE)
+        pwrite_all(fd, entry, record_at + len(rec) - L.PROP_CRC_ENTRY_SIZE)
 
 
 def _fix_prop_crc(path: Path, record_at: int) -> None:

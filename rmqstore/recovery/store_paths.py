@@ -71,7 +71,7 @@ def fingerprint(path: Path):
     return [st.st_size, st.st_mtime_ns]
 
 
-def _describe_fp(fp) -> str:
+def describe_fingerprint(fp) -> str:
     if fp is None:
         return "absent"
     if isinstance(fp, dict):
@@ -81,6 +81,6 @@ def _describe_fp(fp) -> str:
     return f"{fp[0]} bytes, mtime {fp[1] / 1e9:.3f}"
 
 
-def _overlap(a: str, b: str) -> bool:
+def overlaps(a: str, b: str) -> bool:
     return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 

@@ -31,9 +31,10 @@ from pathlib import Path
 from ..errors import RefusedError
 from ..files.repair_marker import MARKER, read_marker
 from ..files.sparse import copy_tree, fsync_dir, remove_tree
-from .journal import CHUNK, INTERNAL, JOURNAL, Journal, _io, _pwrite_all, remove_marker, write_marker
-from .journal_state import Interrupted, JournalState, _interrupted, _state_for, read_backup
-from .store_paths import _describe_fp, _overlap, confine, fingerprint, is_dir
+from .journal import (CHUNK, INTERNAL, JOURNAL, Journal, journal_io_error, pwrite_all, remove_marker,
+                      write_marker)
+from .journal_state import Interrupted, JournalState, interrupted_from, journal_state_for, read_backup
+from .store_paths import confine, describe_fingerprint, fingerprint, is_dir, overlaps
 
 
 def check_unchanged(root: Path, state: JournalState) -> None:
@@ -44,7 +45,7 @@ def check_unchanged(root: Path, state: JournalState) -> None:
         expected = {}
         for k in sorted(state.started):
             paths = [it["path"] for it in state.started[k]["items"]]
-            for q in [q for q in expected if any(_overlap(q, p) for p in paths)]:
+            for q in [q for q in expected if any(overlaps(q, p) for p in paths)]:
                 del expected[q]
             if k in state.done:
                 expected.update(state.done[k])
@@ -56,13 +57,13 @@ def check_unchanged(root: Path, state: JournalState) -> None:
         touched.add(max(pending))
     undone_paths = [it["path"] for k in touched for it in state.started[k]["items"]]
     for rel, want in expected.items():
-        if any(_overlap(rel, p) for p in undone_paths):
+        if any(overlaps(rel, p) for p in undone_paths):
             continue
         have = fingerprint(confine(root, rel))
         if have != want:
             raise RefusedError(
                 f"changed since the repair ({'finished' if state.end is not None else 'interrupted'}"
-                f" in {state.dir}) left it: now {_describe_fp(have)}, then {_describe_fp(want)}. "
+                f" in {state.dir}) left it: now {describe_fingerprint(have)}, then {describe_fingerprint(want)}. "
                 "Something else wrote to the store (a broker?); undoing would mix the two, so "
                 "nothing was changed. Compare by hand with the backup"
                 + (f"; to repair the store as it is now, remove {root / MARKER}"
@@ -148,7 +149,7 @@ def _restore_path(root: Path, jdir: Path, it: dict) -> None:
                     if not want:
                         want = bytes(min(CHUNK, n - pos))  # a short saved file: zeros
                     if os.pread(fd, len(want), off + pos) != want:
-                        _pwrite_all(fd, want, off + pos)
+                        pwrite_all(fd, want, off + pos)
                     pos += len(want)
             finally:
                 os.close(src)
@@ -173,7 +174,7 @@ def undo(root: Path, state: JournalState, why: str, progress=None) -> int:
     try:
         j._fd = os.open(state.dir / JOURNAL, os.O_WRONLY | os.O_APPEND)
     except OSError as e:
-        raise _io("open the repair journal", state.dir / JOURNAL, e) from None
+        raise journal_io_error("open the repair journal", state.dir / JOURNAL, e) from None
     try:
         j.record("undo", why=why)
         for i, k in enumerate(todo):
@@ -181,7 +182,7 @@ def undo(root: Path, state: JournalState, why: str, progress=None) -> int:
                 for it in reversed(state.started[k]["items"]):
                     _restore_item(root, state.dir, it)
             except OSError as e:
-                raise _io(f"put back what step {k} changed", state.dir, e) from None
+                raise journal_io_error(f"put back what step {k} changed", state.dir, e) from None
             j.record("undone", step=k)
             state.undone.add(k)
             if progress:
@@ -205,8 +206,8 @@ def resume(root: Path, *, progress=None) -> Interrupted | None:
     if marker is None:
         _clean_leftovers(root)
         return None
-    state = _state_for(root, marker)
-    info = _interrupted(marker, state)
+    state = journal_state_for(root, marker)
+    info = interrupted_from(marker, state)
     if state.undo_ended:
         info.outcome = "undone"
     elif state.end is not None and state.undo_why is None:
@@ -230,7 +231,7 @@ def _clean_leftovers(root: Path) -> None:
         remove_tree(root / (MARKER + ".tmp"))
         remove_tree(root / INTERNAL)
     except OSError as e:
-        raise _io("remove a leftover of an earlier repair", root, e) from None
+        raise journal_io_error("remove a leftover of an earlier repair", root, e) from None
 
 
 @dataclass

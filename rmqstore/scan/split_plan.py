@@ -65,7 +65,7 @@ def arrow_filesystem(uri: str):
     return pafs.FileSystem.from_uri(_ARROW_SCHEMES.get(scheme.lower(), scheme) + sep + rest)
 
 
-def _local(path: str) -> str:
+def local_path(path: str) -> str:
     return path[len("file://"):] if path.startswith("file://") else path
 
 
@@ -94,7 +94,7 @@ def list_store(store: str, *, segment_size: int | None = None, conf=None,
     from ..files.listing import LONG_MAX, entries, offset_name
 
     if not is_remote(store):
-        root = _local(store)
+        root = local_path(store)
         if not os.path.isdir(root):
             raise NotAStoreError("no such store directory", store)
         overrides = {"mapped_file_size_commit_log": segment_size} if segment_size else None

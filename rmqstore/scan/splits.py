@@ -40,7 +40,7 @@ from ..files.mapped import map_read
 from ..format import layout as L
 from ..format.record import chain_step, record_fits
 from . import records as scan
-from .split_plan import (DEFAULT_SPLIT_SIZE, Split, StoreFiles, _local, arrow_filesystem,  # noqa: F401
+from .split_plan import (DEFAULT_SPLIT_SIZE, Split, StoreFiles, local_path, arrow_filesystem,  # noqa: F401
                          in_range, is_remote, list_store, plan_splits)
 from .split_stitch import (FILE_DONE, Boundary, Stitched, StoreEnd, resolve, run_local,  # noqa: F401
                            stitch)
@@ -102,7 +102,7 @@ class Window:
                 self.buf = b""
                 return
             try:
-                self._file = open(_local(split.path), "rb")
+                self._file = open(local_path(split.path), "rb")
                 # Holes read as zeros without a bus error, even on a full tmpfs.
                 self._map = map_read(self._file.fileno(), 0, split.path)
             except OSError as e:
