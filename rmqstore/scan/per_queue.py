@@ -1,19 +1,22 @@
 """What dispatch writes, as arrays: valid records' ConsumeQueue units grouped per queue,
-and index puts (:class:`Dispatched`), from a whole scan (:func:`dispatched`) or joined
-from parts each worker grouped itself (:func:`grouped_dispatch`).
+and index puts (:class:`Dispatched`); one rule, two ways in.
 
-``verify`` needs every field of every record, merged per segment
-(:func:`rmqstore.scan.runner.scan_commitlog`). A rebuild needs only what dispatch writes, so
-there a worker hands back, for its range (:func:`grouped_split`):
+The rule (spec §6.1, §7.3, §9): of the valid records at or after a start offset, in
+CommitLog order, those that get a unit (NOT_TYPE, COMMIT) give one to their (topic,
+queueId), in CommitLog order within the queue; every key of a record that gets keys
+(not ROLLBACK) is one index put (hash, PHYSICALOFFSET, STORETIMESTAMP), in put order.
+:func:`pack_grouped` groups one range's records per queue, :func:`join_groups` joins the groups
+of consecutive ranges, cut at the end of valid data and at the start offsets.
 
-- what decides validity (sizes, the §3.9 size rule, CRC results), from which the parent
-  finds the end of valid data exactly as :func:`~rmqstore.scan.dispatch.store_scan` does;
-- its CQ units grouped per queue (a stable sort on a small key keeps CommitLog order
-  within each queue), with the record each came from, so a cut is a binary search;
-- its index puts (hash, PHYSICALOFFSET, STORETIMESTAMP) in put order.
-
-The parent joins each queue's groups range by range: no whole-log columns are merged,
-sorted or gathered in the one process that runs alone after the workers finish.
+- A rebuild's workers group their own ranges (:func:`grouped_split`) and hand back only
+  what decides validity (sizes, the §3.9 size rule, CRC results), the grouped units and
+  the index puts; the parent finds the end of valid data exactly as
+  :func:`~rmqstore.scan.dispatch.store_scan` does and joins each queue's groups range by
+  range (:func:`grouped_dispatch`): no whole-log columns are merged, sorted or gathered
+  in the one process that runs alone after the workers finish.
+- ``verify`` and ``repair`` have every field of every record, merged per segment
+  (:func:`rmqstore.scan.runner.scan_commitlog`): :func:`dispatched` groups each segment
+  of that scan the same way and joins them.
 """
 
 from __future__ import annotations
@@ -43,69 +46,7 @@ class Dispatched:
     key_count: int = 0  # index puts (likewise)
 
 
-def dispatched(scan: StoreScan, from_offset: int = 0) -> Dispatched:
-    """Group the scan's valid records into per-queue units and index puts (spec §6.1, §7.3)."""
-    out = Dispatched()
-    topic_ids: dict[str, int] = {}
-    rec_parts, key_parts = [], []
-    for p, k in zip(scan.parts, scan.kept):
-        if not k:
-            continue
-        gid = np.array([topic_ids.setdefault(t, len(topic_ids)) for t in p.topics] or [0], np.int32)
-        # Offsets increase within a segment: the records at or after ``from_offset`` are
-        # a suffix, so plain slices (no fancy indexing) select them.
-        a = int(np.searchsorted(p.offset[:k], from_offset)) if from_offset else 0
-        if a >= k:
-            continue
-        sel = slice(a, k)
-        cq = gets_cq_unit(p.sys_flag[sel])
-        rec_parts.append((gid[p.topic_id[sel]], p.queue_id[sel], p.queue_offset[sel],
-                          p.physical_offset[sel], p.size[sel], p.tags_code[sel], cq,
-                          p.store_timestamp[sel]))
-        kr, kh = p.key_record, p.key_hash
-        if len(kr) and (kr[0] < a or kr[-1] >= k):
-            km = (kr >= a) & (kr < k)  # key records are in record order
-            kr, kh = kr[km], kh[km]
-        # Index entries use the stored PHYSICALOFFSET and STORETIMESTAMP (spec §7.3).
-        key_parts.append((kh, p.physical_offset[kr], p.store_timestamp[kr]))
-        out.messages += k - a
-        out.bytes += int(p.size[sel].sum())
-    if rec_parts:
-        tid, qid, qo, phy, size, tags, cq, ts = (np.concatenate(c) for c in zip(*rec_parts))
-        if not cq.all():
-            tid, qid, qo, phy, size, tags, ts = (x[cq] for x in (tid, qid, qo, phy, size, tags, ts))
-        out.last_cq_timestamp = int(ts[-1]) if len(ts) else 0
-        if len(tid):
-            qid = qid.astype(np.int64)  # int32 ids minus the smallest can overflow int32
-            qmin = int(qid.min())
-            span = int(qid.max()) - qmin + 1
-            key = tid.astype(np.int64) * span + (qid - qmin)
-            nkeys = len(topic_ids) * span
-            # A small key range sorts by radix (stable: CommitLog order kept per queue).
-            key = key.astype(np.int16 if nkeys < 2**15 else np.int32 if nkeys < 2**31 else np.int64)
-            order = np.argsort(key, kind="stable")
-            counts = np.bincount(key, minlength=nkeys) if nkeys < 2**24 else None
-            qo, phy, size, tags = qo[order], phy[order], size[order], tags[order]
-            if counts is not None:
-                ids = np.flatnonzero(counts)
-                ends = np.cumsum(counts)[ids]
-                begins = ends - counts[ids]
-            else:
-                ks = key[order]
-                cuts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1], True])
-                ids, begins, ends = ks[cuts[:-1]], cuts[:-1], cuts[1:]
-            by_id = {v: t for t, v in topic_ids.items()}
-            for kid, a, b in zip(ids.tolist(), begins.tolist(), ends.tolist()):
-                t, q = divmod(int(kid), span)
-                out.units[by_id[t], q + qmin] = (qo[a:b], phy[a:b], size[a:b], tags[a:b])
-    if key_parts:
-        out.key_hash, out.key_offset, out.key_timestamp = (np.concatenate(c) for c in zip(*key_parts))
-    out.unit_count = sum(len(u[0]) for u in out.units.values())
-    out.key_count = len(out.key_hash)
-    return out
-
-
-# --- grouped by each worker --------------------------------------------------------------
+# --- the rule: grouped per range, joined ------------------------------------------------
 
 
 def grouped_split(split, check_crc: bool = True, delay_millis=None, keys: bool = True,
@@ -135,7 +76,11 @@ def pack_grouped(p: SegmentDispatch) -> dict:
     if not n:
         return d
     good = n if p.consistent.all() else int(np.argmin(p.consistent))
-    same = bool((p.physical_offset[:good] == p.offset[:good]).all())
+    # PHYSICALOFFSET is left out only where it equals the offset the sizes give: records
+    # one after the other (not so inside DLedger entries, whose headers lie between them).
+    off = p.offset[:good]
+    same = bool((p.physical_offset[:good] == off).all()) and \
+        bool((off[1:] == off[:-1] + p.size[:max(good - 1, 0)]).all())
     cq = np.flatnonzero(gets_cq_unit(p.sys_flag[:good]))
     if len(cq):
         qid = p.queue_id[cq].astype(np.int64)  # int32 ids minus the smallest can overflow
@@ -210,13 +155,44 @@ def grouped_dispatch(chains: list[list[dict]], segment_size: int, from_offset: i
                      index_from: int | None = None, *, store_timestamp_at=None,
                      join: bool = True):
     """(StoreScan with validity fields only, Dispatched for the CQ, Dispatched for the
-    index): what :func:`dispatched` gives, from grouped parts. The index
-    one starts at ``index_from`` (default ``from_offset``). ``store_timestamp_at(offset)``
-    reads one record's STORETIMESTAMP (for ``last_cq_timestamp``; 0 without it). Without
-    ``join`` the units and puts are counted (``unit_count``, ``key_count``), not gathered."""
+    index) from the grouped parts of every range (:func:`grouped_split`), a chain per
+    segment. The index one starts at ``index_from`` (default ``from_offset``).
+    ``store_timestamp_at(offset)`` reads one record's STORETIMESTAMP (for
+    ``last_cq_timestamp``; 0 without it). Without ``join`` the units and puts are counted
+    (``unit_count``, ``key_count``), not gathered."""
     scan = store_scan([_validity(c) for c in chains], segment_size)
-    cq, ix = Dispatched(), Dispatched()
     index_from = from_offset if index_from is None else index_from
+    cq, ix = join_groups(scan, chains, from_offset, index_from, store_timestamp_at, join)
+    return scan, cq, ix
+
+
+def dispatched(scan: StoreScan, from_offset: int = 0) -> Dispatched:
+    """The units per queue and the index puts of ``scan``'s valid records at or after
+    ``from_offset`` (spec §6.1, §7.3), each segment grouped by :func:`pack_grouped`."""
+    chains = [[pack_grouped(p)] if k and int(p.offset[k - 1]) >= from_offset else []
+              for p, k in zip(scan.parts, scan.kept)]
+
+    def store_timestamp_at(offset: int) -> int:
+        for p, k in zip(scan.parts, scan.kept):
+            if k and int(p.offset[0]) <= offset <= int(p.offset[k - 1]):
+                return int(p.store_timestamp[int(np.searchsorted(p.offset[:k], offset))])
+        raise ValueError(offset)
+
+    out, ix = join_groups(scan, chains, from_offset, from_offset, store_timestamp_at, True)
+    # verify and repair read whole-log columns as int64, as the records' fields are
+    out.units = {key: tuple(a.astype(np.int64, copy=False) for a in u)
+                 for key, u in out.units.items()}
+    out.key_hash, out.key_offset, out.key_timestamp = ix.key_hash, ix.key_offset, ix.key_timestamp
+    out.key_count = ix.key_count
+    return out
+
+
+def join_groups(scan: StoreScan, chains: list[list[dict]], from_offset: int, index_from: int,
+          store_timestamp_at, join: bool) -> tuple[Dispatched, Dispatched]:
+    """(units, index puts) of the kept records of ``scan`` (whose ``parts`` are the
+    segments the ``chains`` of grouped parts cover), from ``from_offset`` and
+    ``index_from``: each queue's groups joined range by range."""
+    cq, ix = Dispatched(), Dispatched()
     per_queue: dict[tuple[str, int], list] = {}
     puts = []
     last_cq = -1  # offset of the last record given a unit
@@ -256,7 +232,7 @@ def grouped_dispatch(chains: list[list[dict]], segment_size: int, from_offset: i
     if puts:
         h, phy, ts = (np.concatenate(c) for c in zip(*puts))
         ix.key_hash, ix.key_offset, ix.key_timestamp = h.astype(np.int64), phy, ts
-    return scan, cq, ix
+    return cq, ix
 
 
 def _join_units(d: dict, lo: int, hi: int, n: int, per_queue: dict | None, base: int,
