@@ -78,7 +78,8 @@ def infer_index_geometry(file_size: int, *, hash_slot_num: int | None = None,
     if g is None or g.file_size != file_size:
         raise ConfigError(
             f"cannot infer IndexFile geometry from a size of {file_size} bytes "
-            "(it is not 40 + 4*maxHashSlotNum + 20*maxIndexNum for the values given or "
+            f"(it is not {L.INDEX_HEADER_SIZE} + {L.INDEX_SLOT_SIZE}*maxHashSlotNum + "
+            f"{L.INDEX_ENTRY_SIZE}*maxIndexNum for the values given or "
             "for maxIndexNum = 4*maxHashSlotNum); pass maxHashSlotNum and maxIndexNum", path)
     return g
 
