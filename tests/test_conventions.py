@@ -29,7 +29,7 @@ SAMPLE = REPO / "samples" / "multi-segment"
 UNICODE = REPO / "samples" / "ipv6-unicode"
 RMQSTORE = str(Path(sys.executable).parent / "rmqstore")
 ANSI = re.compile(r"\x1b\[")
-HEAVY = ("pyspark", "pyarrow", "pandas")
+HEAVY = ("pyspark", "pyarrow", "pandas", "numba", "llvmlite")
 
 
 runner = CliRunner()

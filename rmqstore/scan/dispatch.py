@@ -152,9 +152,24 @@ def scan_segment(buf, start: int, limit: int, *, check_crc: bool = True) -> tupl
 def segment_dispatch(buf, start: int, limit: int, *, check_crc: bool = True,
                      delay_millis=None, keys: bool = True) -> SegmentDispatch:
     """Everything dispatch and verify need from one segment's bytes."""
-    cols, chain_end, stop = scan_segment(buf, start, limit)
-    return fill_dispatch(SegmentDispatch(start, limit, chain_end, stop), cols, check_crc,
-                 delay_millis, keys)
+    return _walk_fill(buf, 0, limit, limit, start, check_crc, delay_millis, keys)
+
+
+def _walk_fill(buf, first: int, end: int, limit: int, base: int, check_crc: bool,
+               delay_millis, keys: bool) -> SegmentDispatch:
+    """The records on the chain from ``first`` (starting below ``end``) in ``buf[:limit]``,
+    filled: in one compiled pass when :mod:`rmqstore.scan.segment_pass` can (same result),
+    else with numpy, which defines it."""
+    from . import segment_pass  # numba is imported by the first bulk scan only
+
+    fast = segment_pass.dispatch_range(buf, first, end, limit, base, check_crc=check_crc,
+                                       keys=keys)
+    if fast is not None:
+        return SegmentDispatch(base, limit, fast.pop("chain_end"), fast.pop("stop"), **fast)
+    u8 = np.frombuffer(buf, dtype=np.uint8, count=limit) if limit else np.zeros(0, np.uint8)
+    starts, stop_pos, stop = walk_range(buf, first, end, limit)
+    return fill_dispatch(SegmentDispatch(base, limit, base + stop_pos, stop), columns(u8, starts, base),
+                 check_crc, delay_millis, keys)
 
 
 def fill_dispatch(out: SegmentDispatch, cols: RecordColumns, check_crc: bool, delay_millis,
@@ -206,13 +221,12 @@ def split_dispatch(split, check_crc: bool, delay_millis, keys: bool, pack):
         first = (split.start if split.start is not None else split.begin) if forced \
             else resync(w, split.begin, split.end)
         if first is None:
-            starts, stop_pos, stop = np.zeros(0, np.int64), split.begin, "none"
+            out = SegmentDispatch(base, w.size, base + split.begin, "none")
         else:
-            starts, stop_pos, stop = walk_range(w.buf, first, split.end, w.size)
-        u8 = np.frombuffer(w.buf, dtype=np.uint8, count=w.size)
-        out = SegmentDispatch(base, w.size, base + stop_pos, stop)
-        fill_dispatch(out, columns(u8, starts, base), check_crc, delay_millis, keys)
-        return Boundary(split.split_id, first, stop_pos, stop, len(starts), forced), pack(out)
+            out = _walk_fill(w.buf, first, split.end, w.size, base, check_crc, delay_millis,
+                             keys)
+        return (Boundary(split.split_id, first, out.chain_end - base, out.stop, len(out), forced),
+                pack(out))
     finally:
         w.close()
 

@@ -1,0 +1,153 @@
+"""A segment's dispatch data in one compiled pass, when numba is there: the fast form of
+:func:`rmqstore.scan.dispatch.segment_dispatch` (and of each range of
+:func:`~rmqstore.scan.dispatch.split_dispatch`).
+
+The numpy path stays the definition of every rule (scan/records, scan/properties,
+format/crc, format/hashing, scan/dispatch); :func:`dispatch_range` gives the same fields,
+dtypes and order, or None, and then the caller takes the numpy path for the range. None
+when: the switch is off (``RMQSTORE_NO_JIT=1``, or numba does not import), no records,
+any record not whole (spec §3.9 size rule: which later records count is numpy's rule),
+the delay topic (its tagsCode is a delivery time), two topics the numpy topic table would
+merge, or very many topics. Values with non-ASCII bytes (tags, keys) are hashed by
+:func:`rmqstore.format.hashing.span_hash` itself, for those values only.
+
+numba is imported on the first bulk scan only, never by lookups; compiled kernels are
+cached in ``$NUMBA_CACHE_DIR``, by default the user's cache directory (never the store).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from ..format.hashing import java_hash, pow31, signed_int32, span_hash
+from ..format.rules import SCHEDULE_TOPIC
+from .records import _stop_at, columns
+
+#: How often each path ran in this process: "kernel", "off" (switched off or no numba),
+#: or "fallback: <why>". Tests read it to prove the kernel is used.
+used: Counter = Counter()
+
+_kernels = None  # the loaded kernel module and its tables, or False when numba is missing
+
+
+def cache_dir() -> str:
+    """Where compiled kernels are kept: ``$XDG_CACHE_HOME/rmqstore/numba`` (or
+    ``~/.cache/...``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "rmqstore" / "numba")
+
+
+def enabled() -> bool:
+    """Is the compiled pass on (numba imports, ``RMQSTORE_NO_JIT`` is not 1)? The first
+    call loads the kernels."""
+    return _load() is not None
+
+
+def _load():
+    global _kernels
+    if os.environ.get("RMQSTORE_NO_JIT", "") == "1":
+        return None
+    if _kernels is None:
+        os.environ.setdefault("NUMBA_CACHE_DIR", cache_dir())
+        try:
+            from . import segment_jit as K
+        except Exception:  # no numba, or it cannot load here: numpy does the work
+            _kernels = False
+        else:
+            g, tab = K.geometry()
+            _kernels = (K, g, tab, K.crc_tables(), np.frombuffer(b"TAGS", np.uint8),
+                        np.frombuffer(b"KEYS", np.uint8), np.frombuffer(b"UNIQ_KEY", np.uint8))
+    return _kernels or None
+
+
+def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_crc: bool,
+                   keys: bool) -> dict | None:
+    """The :class:`~rmqstore.scan.dispatch.SegmentDispatch` fields of the records from
+    ``first`` on the TOTALSIZE chain, starting below ``end``, in ``buf[:limit]`` (as
+    ``walk_range`` then ``_fill`` make them), or None: take the numpy path."""
+    loaded = _load()
+    if loaded is None:
+        used["off"] += 1
+        return None
+    K, g, tab, T, tags, keys_name, uniq = loaded
+    u8 = np.frombuffer(buf, dtype=np.uint8, count=limit) if limit else np.zeros(0, np.uint8)
+    starts = np.empty(max(limit - first, 0) // int(g[K.G_MIN]) + 1, np.int64)
+    n, stop_pos = K.walk(u8, first, end, limit, g, starts)
+    if n == 0:
+        return _fallback("no records")
+    starts = starts[:n].copy()
+    i64 = [np.empty(n, np.int64) for _ in range(7)]
+    size, qid, qoff, phy, sysf, ts, code = i64
+    crc_ok, tag_bad, tid = np.empty(n, bool), np.empty(n, bool), np.empty(n, np.int64)
+    slot = np.full(K.TOPIC_SLOTS, -1, np.int64)
+    t_pos, t_len = np.empty(K.MAX_TOPICS, np.int64), np.empty(K.MAX_TOPICS, np.int64)
+    t_hash = np.empty(K.MAX_TOPICS, np.uint64)
+    cap = 2 * n + 16
+    kr, kp, kl, kh = (np.empty(cap, np.int64) for _ in range(4))
+    kb = np.empty(cap, bool)
+    i = nk = nt = 0
+    while True:
+        status, i, nk, nt = K.records(u8, starts, n, i, nk, nt, check_crc, keys, g, tab, T,
+                                      tags, keys_name, uniq, size, qid, qoff, phy, sysf, ts,
+                                      crc_ok, code, tag_bad, tid, slot, t_pos, t_len, t_hash,
+                                      kr, kp, kl, kh, kb)
+        if status != K.KEYS_FULL:
+            break
+        cap = max(2 * cap, nk + 2 + 32768)
+        kr, kp, kl, kh = (np.resize(a, cap) for a in (kr, kp, kl, kh))
+        kb = np.resize(kb, cap)
+    if status == K.FALLBACK_RECORD:
+        return _fallback("record not whole")
+    if status == K.FALLBACK_TOPICS:
+        return _fallback("many topics")
+    # Topics numbered as RecordColumns.topic_table numbers them (its own order): ask it,
+    # for one record of each distinct topic.
+    first_rec = np.full(nt, n, np.int64)
+    np.minimum.at(first_rec, tid, np.arange(n))
+    names, rank = columns(u8, starts[first_rec], base).topic_table()
+    if len(names) != nt:
+        return _fallback("topic hash collision")
+    if SCHEDULE_TOPIC in names:
+        return _fallback("delay topic")
+    topic_id = rank[tid]
+    bad = np.flatnonzero(tag_bad)
+    if len(bad):  # non-ASCII TAGS: the general hash, for those records only
+        tpos, tlen = _value_spans(u8, starts[bad], b"TAGS")
+        code[bad] = signed_int32(span_hash(u8, tpos, tlen)[0])
+    out = dict(offset=starts + base, size=size, consistent=np.ones(n, bool), crc_ok=crc_ok,
+               queue_id=qid, queue_offset=qoff, physical_offset=phy, sys_flag=sysf,
+               store_timestamp=ts, topics=names, topic_id=topic_id, tags_code=code,
+               chain_end=base + int(stop_pos), stop=_stop_at(buf, int(stop_pos), end, limit))
+    if not keys:
+        out["key_record"] = out["key_hash"] = np.zeros(0, np.int64)
+    else:
+        kr, kp, kl, kh, kb = kr[:nk], kp[:nk], kl[:nk], kh[:nk], kb[:nk]
+        units = kl.copy()
+        odd = np.flatnonzero(kb)
+        if len(odd):  # non-ASCII keys: the general hash (UTF-16 units of 'replace' text)
+            h, u = span_hash(u8, kp[odd], kl[odd])
+            kh[odd], units[odd] = h, u
+        th = np.array([java_hash(t) & 0xFFFFFFFF for t in names], np.int64)
+        pw = pow31(int(units.max()) + 1 if nk else 1)
+        out["key_record"] = kr
+        out["key_hash"] = K.index_hashes(th, topic_id, kr, kh, units, pw)
+    used["kernel"] += 1
+    return out
+
+
+def _fallback(why: str) -> None:
+    used["fallback: " + why] += 1
+    return None
+
+
+def _value_spans(u8, starts, name: bytes):
+    """(value start, length) of property ``name`` of the records at ``starts`` (a few),
+    by the numpy lookup."""
+    from .properties import PropertyIndex
+
+    cols = columns(u8, starts)
+    return PropertyIndex(u8, cols.props_pos, cols.props_len).lookup(name)
