@@ -223,7 +223,7 @@ EDGE_PROPS = [
     b"UNIQ_KEY\x01U1\x02KEYS\x01 \x02UNIQ_KEY\x01U2", b"KEYS\x01   ", b"TAGS\x01x\x01y",
     b"TAGS\x01\xc3\xa9\x02KEYS\x01\xe2\x82 \xff ok\x02UNIQ_KEY\x01\xf0\x9f\x98\x80",
     b"KEYS\x01" + b"long" * 50 + b" " + b"\xc3\xa9" * 60, b"TAGS\x01" + b"t" * 300,
-    b"KEYS\x01a\x02", b"\x02\x02TAGS\x01z\x02\x02", b"TAGS\x01a\x02KEYS\x01b\x02TAGS\x01c",
+    b"KEYS\x01" + b"k " * 50, b"KEYS\x01a\x02", b"\x02\x02TAGS\x01z\x02\x02", b"TAGS\x01a\x02KEYS\x01b\x02TAGS\x01c",
 ]
 
 

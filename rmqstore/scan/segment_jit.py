@@ -144,11 +144,11 @@ def walk(b, pos, end, limit, g, starts):
 @njit(cache=True, nogil=True)
 def records(b, starts, n, i0, nk0, nt0, check_crc, want_keys, g, tab, T, tags, keys, uniq,
             size_o, qid_o, qoff_o, phy_o, sys_o, ts_o, crc_o, tag_o, tag_bad, tid_o,
-            slot, t_pos, t_len, t_hash,
+            slot, t_pos, t_len, t_hash, t_first,
             k_rec, k_pos, k_len, k_h, k_bad):
     """Fill the per-record outputs for records ``i0..n`` and the key outputs from ``nk0``
     (topic table from ``nt0``). Returns (status, next record, keys, topics): DONE, or
-    KEYS_FULL (grow the key arrays and call again from the next record), or a FALLBACK."""
+    KEYS_FULL (grow the key arrays and call again from that record), or a FALLBACK."""
     limit = len(b)
     nk = nk0
     nt = nt0
@@ -181,8 +181,7 @@ def records(b, starts, n, i0, nk0, nt0, check_crc, want_keys, g, tab, T, tags, k
         if pp + plen != pos + size:  # not a whole record (spec §3.9): numpy decides
             return FALLBACK_RECORD, i, nk, nt
         keyed = want_keys and (sf & g[G_TXMASK]) != g[G_ROLLBACK]
-        if keyed and nk + 2 + plen // 2 > cap:
-            return KEYS_FULL, i, nk, nt
+        nk_rec = nk  # where this record's keys start, should the key arrays be full
         # topic id: by bytes, in order of first appearance (the caller renumbers)
         th = np.uint64(14695981039346656037)
         for q in range(tp, tp + tlen):
@@ -197,7 +196,7 @@ def records(b, starts, n, i0, nk0, nt0, check_crc, want_keys, g, tab, T, tags, k
                 t = nt
                 nt += 1
                 slot[s] = t
-                t_pos[t], t_len[t], t_hash[t] = tp, tlen, th
+                t_pos[t], t_len[t], t_hash[t], t_first[t] = tp, tlen, th, i
                 break
             if t_hash[t] == th and t_len[t] == tlen:
                 same = True
@@ -237,16 +236,24 @@ def records(b, starts, n, i0, nk0, nt0, check_crc, want_keys, g, tab, T, tags, k
             code = h - (np.int64(1) << 32) if h >= (np.int64(1) << 31) else h
         if keyed:
             if uq_s >= 0:
+                if nk >= cap:
+                    return KEYS_FULL, i, nk_rec, nt
                 h, kb = _java_hash(b, uq_s, uq_e - uq_s)
-                k_rec[nk], k_pos[nk], k_len[nk], k_h[nk], k_bad[nk] = i, uq_s, uq_e - uq_s, h, kb
+                k_rec[nk], k_len[nk], k_h[nk], k_bad[nk] = i, uq_e - uq_s, h, kb
+                if kb:  # the caller rehashes these; other pages of k_pos stay untouched
+                    k_pos[nk] = uq_s
                 nk += 1
             if key_s >= 0:
                 a = key_s
                 for q in range(key_s, key_e + 1):
                     if q == key_e or b[q] == 0x20:  # tokens split on single spaces
                         if q > a:
+                            if nk >= cap:
+                                return KEYS_FULL, i, nk_rec, nt
                             h, kb = _java_hash(b, a, q - a)
-                            k_rec[nk], k_pos[nk], k_len[nk], k_h[nk], k_bad[nk] = i, a, q - a, h, kb
+                            k_rec[nk], k_len[nk], k_h[nk], k_bad[nk] = i, q - a, h, kb
+                            if kb:
+                                k_pos[nk] = a
                             nk += 1
                         a = q + 1
         ok = True
@@ -266,11 +273,19 @@ def records(b, starts, n, i0, nk0, nt0, check_crc, want_keys, g, tab, T, tags, k
 
 
 @njit(cache=True, nogil=True)
+def renumber(ids, new):
+    """``ids[i] = new[ids[i]]``, in place."""
+    for i in range(len(ids)):
+        ids[i] = new[ids[i]]
+
+
+@njit(cache=True, nogil=True)
 def index_hashes(topic_hash, tid, k_rec, k_h, k_units, pow31):
     """IndexFile hash of ``topic#key`` per key from the parts' Java hashes (the numpy form,
-    format/hashing.index_hash_from, is the definition): abs, MIN_VALUE as 0."""
+    format/hashing.index_hash_from, is the definition): abs, MIN_VALUE as 0. Written over
+    ``k_h``, which is returned."""
     m = len(k_rec)
-    out = np.empty(m, np.int64)
+    out = k_h
     for j in range(m):
         prefix = (np.uint64(topic_hash[tid[k_rec[j]]]) * np.uint64(31) + np.uint64(35)) \
             & np.uint64(0xFFFFFFFF)  # 35: '#'

@@ -79,13 +79,13 @@ def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_cr
     n, stop_pos = K.walk(u8, first, end, limit, g, starts)
     if n == 0:
         return _fallback("no records")
-    starts = starts[:n].copy()
+    starts = starts[:n]  # a view: the unused tail was never touched, so never mapped
     i64 = [np.empty(n, np.int64) for _ in range(7)]
     size, qid, qoff, phy, sysf, ts, code = i64
     crc_ok, tag_bad, tid = np.empty(n, bool), np.empty(n, bool), np.empty(n, np.int64)
     slot = np.full(K.TOPIC_SLOTS, -1, np.int64)
     t_pos, t_len = np.empty(K.MAX_TOPICS, np.int64), np.empty(K.MAX_TOPICS, np.int64)
-    t_hash = np.empty(K.MAX_TOPICS, np.uint64)
+    t_hash, t_first = np.empty(K.MAX_TOPICS, np.uint64), np.empty(K.MAX_TOPICS, np.int64)
     cap = 2 * n + 16
     kr, kp, kl, kh = (np.empty(cap, np.int64) for _ in range(4))
     kb = np.empty(cap, bool)
@@ -94,10 +94,10 @@ def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_cr
         status, i, nk, nt = K.records(u8, starts, n, i, nk, nt, check_crc, keys, g, tab, T,
                                       tags, keys_name, uniq, size, qid, qoff, phy, sysf, ts,
                                       crc_ok, code, tag_bad, tid, slot, t_pos, t_len, t_hash,
-                                      kr, kp, kl, kh, kb)
+                                      t_first, kr, kp, kl, kh, kb)
         if status != K.KEYS_FULL:
             break
-        cap = max(2 * cap, nk + 2 + 32768)
+        cap *= 2
         kr, kp, kl, kh = (np.resize(a, cap) for a in (kr, kp, kl, kh))
         kb = np.resize(kb, cap)
     if status == K.FALLBACK_RECORD:
@@ -106,35 +106,34 @@ def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_cr
         return _fallback("many topics")
     # Topics numbered as RecordColumns.topic_table numbers them (its own order): ask it,
     # for one record of each distinct topic.
-    first_rec = np.full(nt, n, np.int64)
-    np.minimum.at(first_rec, tid, np.arange(n))
-    names, rank = columns(u8, starts[first_rec], base).topic_table()
+    names, rank = columns(u8, starts[t_first[:nt]], base).topic_table()
     if len(names) != nt:
         return _fallback("topic hash collision")
     if SCHEDULE_TOPIC in names:
         return _fallback("delay topic")
-    topic_id = rank[tid]
+    K.renumber(tid, rank)
     bad = np.flatnonzero(tag_bad)
     if len(bad):  # non-ASCII TAGS: the general hash, for those records only
         tpos, tlen = _value_spans(u8, starts[bad], b"TAGS")
         code[bad] = signed_int32(span_hash(u8, tpos, tlen)[0])
-    out = dict(offset=starts + base, size=size, consistent=np.ones(n, bool), crc_ok=crc_ok,
+    offset = starts  # the positions are not needed any more: made absolute in place
+    offset += base
+    out = dict(offset=offset, size=size, consistent=np.ones(n, bool), crc_ok=crc_ok,
                queue_id=qid, queue_offset=qoff, physical_offset=phy, sys_flag=sysf,
-               store_timestamp=ts, topics=names, topic_id=topic_id, tags_code=code,
+               store_timestamp=ts, topics=names, topic_id=tid, tags_code=code,
                chain_end=base + int(stop_pos), stop=_stop_at(buf, int(stop_pos), end, limit))
     if not keys:
         out["key_record"] = out["key_hash"] = np.zeros(0, np.int64)
     else:
-        kr, kp, kl, kh, kb = kr[:nk], kp[:nk], kl[:nk], kh[:nk], kb[:nk]
-        units = kl.copy()
+        kr, kp, units, kh, kb = kr[:nk], kp[:nk], kl[:nk], kh[:nk], kb[:nk]
         odd = np.flatnonzero(kb)
         if len(odd):  # non-ASCII keys: the general hash (UTF-16 units of 'replace' text)
-            h, u = span_hash(u8, kp[odd], kl[odd])
+            h, u = span_hash(u8, kp[odd], units[odd])
             kh[odd], units[odd] = h, u
         th = np.array([java_hash(t) & 0xFFFFFFFF for t in names], np.int64)
         pw = pow31(int(units.max()) + 1 if nk else 1)
         out["key_record"] = kr
-        out["key_hash"] = K.index_hashes(th, topic_id, kr, kh, units, pw)
+        out["key_hash"] = K.index_hashes(th, tid, kr, kh, units, pw)
     used["kernel"] += 1
     return out
 
