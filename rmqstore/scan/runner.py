@@ -83,6 +83,9 @@ def scan_chains(config: StoreConfig, task, *, processes: int | None = None,
             if shared and len(splits) * size * shared <= ARENA_MAX:
                 shelf = Arena(len(splits), int(size * shared)).__enter__()
                 task, receive = functools.partial(task, arena_key=shelf.key), shelf.get
+            from . import segment_pass
+
+            segment_pass.enabled()  # load the compiled pass once, before the workers fork
             it = pool_map(task, splits, min(workers, len(splits)))
         else:
             it = map(task, splits)

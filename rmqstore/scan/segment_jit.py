@@ -183,10 +183,12 @@ def records(b, starts, n, i0, nk0, nt0, check_crc, want_keys, g, tab, T, tags, k
         keyed = want_keys and (sf & g[G_TXMASK]) != g[G_ROLLBACK]
         nk_rec = nk  # where this record's keys start, should the key arrays be full
         # topic id: by bytes, in order of first appearance (the caller renumbers)
-        th = np.uint64(14695981039346656037)
-        for q in range(tp, tp + tlen):
+        # a cheap hash (length, first and last bytes): a collision only costs a probe
+        th = np.uint64(tlen) * np.uint64(0x9E3779B97F4A7C15)
+        for q in range(tp, min(tp + 8, tp + tlen)):
             th = (th ^ np.uint64(b[q])) * np.uint64(1099511628211)
-        th ^= np.uint64(tlen)
+        for q in range(max(tp + 8, tp + tlen - 8), tp + tlen):
+            th = (th ^ np.uint64(b[q])) * np.uint64(1099511628211)
         s = np.int64(th % np.uint64(nslots))
         while True:
             t = slot[s]
