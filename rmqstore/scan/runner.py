@@ -85,7 +85,7 @@ def scan_chains(config: StoreConfig, task, *, processes: int | None = None,
                 task, receive = functools.partial(task, arena_key=shelf.key), shelf.get
             from . import segment_pass
 
-            segment_pass.enabled()  # load the compiled pass once, before the workers fork
+            segment_pass.warm()  # load the compiled pass once, before the workers fork
             it = pool_map(task, splits, min(workers, len(splits)))
         else:
             it = map(task, splits)

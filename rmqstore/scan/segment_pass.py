@@ -47,6 +47,19 @@ def enabled() -> bool:
     return _load() is not None
 
 
+def warm() -> bool:
+    """:func:`enabled`, and each kernel run once on a one-record segment, so its compiled
+    code is in memory: forked workers then inherit it instead of loading it each."""
+    if not enabled():
+        return False
+    from ..format.message import Message
+    from ..format.record import encode_record
+
+    one = encode_record(Message(topic="T", body=b"b", properties_text="KEYS\x01k\x02UNIQ_KEY\x01u"))
+    dispatch_range(one, 0, len(one), len(one), 0, check_crc=True, keys=True)
+    return True
+
+
 def _load():
     global _kernels
     if os.environ.get("RMQSTORE_NO_JIT", "") == "1":
@@ -60,7 +73,8 @@ def _load():
         else:
             g, tab = K.geometry()
             _kernels = (K, g, tab, K.crc_tables(), np.frombuffer(b"TAGS", np.uint8),
-                        np.frombuffer(b"KEYS", np.uint8), np.frombuffer(b"UNIQ_KEY", np.uint8))
+                        np.frombuffer(b"KEYS", np.uint8), np.frombuffer(b"UNIQ_KEY", np.uint8),
+                        K.zlib_crc32())
     return _kernels or None
 
 
@@ -73,7 +87,7 @@ def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_cr
     if loaded is None:
         used["off"] += 1
         return None
-    K, g, tab, T, tags, keys_name, uniq = loaded
+    K, g, tab, T, tags, keys_name, uniq, zcrc = loaded
     u8 = np.frombuffer(buf, dtype=np.uint8, count=limit) if limit else np.zeros(0, np.uint8)
     starts = np.empty(max(limit - first, 0) // int(g[K.G_MIN]) + 1, np.int64)
     n, stop_pos = K.walk(u8, first, end, limit, g, starts)
@@ -94,7 +108,7 @@ def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_cr
         status, i, nk, nt = K.records(u8, starts, n, i, nk, nt, check_crc, keys, g, tab, T,
                                       tags, keys_name, uniq, size, qid, qoff, phy, sysf, ts,
                                       crc_ok, code, tag_bad, tid, slot, t_pos, t_len, t_hash,
-                                      t_first, kr, kp, kl, kh, kb)
+                                      t_first, kr, kp, kl, kh, kb, zcrc)
         if status != K.KEYS_FULL:
             break
         cap *= 2
