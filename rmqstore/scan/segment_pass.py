@@ -36,9 +36,20 @@ _kernels = None  # the loaded kernel module and its tables, or False when numba 
 
 def cache_dir() -> str:
     """Where compiled kernels are kept: ``$XDG_CACHE_HOME/rmqstore/numba`` (or
-    ``~/.cache/...``)."""
+    ``~/.cache/...``); where that cannot be made, a directory of this user's in the
+    temporary directory."""
+    import tempfile
+
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return str(Path(base) / "rmqstore" / "numba")
+    for d in (Path(base) / "rmqstore" / "numba",
+              Path(tempfile.gettempdir()) / f"rmqstore-numba-{os.getuid()}"):
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(d, os.W_OK):
+            return str(d)
+    return str(d)
 
 
 def enabled() -> bool:
