@@ -266,3 +266,16 @@ def test_property_edge_cases_equal_numpy(topic, monkeypatch):
         ref, got, ran = both(lambda: segment_dispatch(data, 0, len(data)), monkeypatch)
         assert ran
         assert_same(ref, got)
+
+
+def test_a_field_the_pass_does_not_make_sends_it_to_numpy(monkeypatch):
+    # SegmentDispatch may grow (BatchConsumeQueue, LMQ, DLedger): until the compiled pass
+    # makes a new field, numpy fills the range, never the pass with the field left default.
+    assert D._FILLED == segment_pass.FIELDS  # today's fields: the pass makes every one
+    data = (FIXTURES / "rocketmq-4.9.8" / "basic" / "commitlog" / "00000000000000000000").read_bytes()
+    monkeypatch.setattr(D, "_FILLED", D._FILLED | {"lmq_queues"})
+    before = dict(segment_pass.used)
+    segment_dispatch(data, 0, len(data))
+    assert segment_pass.used["kernel"] == before.get("kernel", 0)
+    assert segment_pass.used["fallback: lmq_queues"] == 0
+    assert segment_pass.used["fallback: fields lmq_queues"] == before.get("fallback: fields lmq_queues", 0) + 1

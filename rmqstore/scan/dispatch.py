@@ -13,7 +13,7 @@ with non-ASCII bytes and delay-topic records take a per-record Python path; both
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -59,6 +59,10 @@ class SegmentDispatch:
     def cq_mask(self) -> np.ndarray:
         """Records that get a ConsumeQueue unit: NOT_TYPE and COMMIT (spec §6.1)."""
         return gets_cq_unit(self.sys_flag)
+
+
+# What a fill makes: a compiled pass that makes other fields is not used (numpy is).
+_FILLED = frozenset(f.name for f in fields(SegmentDispatch)) - {"start", "limit"}
 
 
 def dispatch_records(cols: RecordColumns, delay_millis=None, *, keys: bool = True):
@@ -163,7 +167,7 @@ def _walk_fill(buf, first: int, end: int, limit: int, base: int, check_crc: bool
     from . import segment_pass  # numba is imported by the first bulk scan only
 
     fast = segment_pass.dispatch_range(buf, first, end, limit, base, check_crc=check_crc,
-                                       keys=keys)
+                                       keys=keys, fields=_FILLED)
     if fast is not None:
         return SegmentDispatch(base, limit, fast.pop("chain_end"), fast.pop("stop"), **fast)
     u8 = np.frombuffer(buf, dtype=np.uint8, count=limit) if limit else np.zeros(0, np.uint8)

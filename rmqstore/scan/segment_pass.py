@@ -31,6 +31,11 @@ from .records import _stop_at, columns
 #: or "fallback: <why>". Tests read it to prove the kernel is used.
 used: Counter = Counter()
 
+#: The SegmentDispatch fields (but start and limit) :func:`dispatch_range` makes.
+FIELDS = frozenset(("chain_end", "stop", "offset", "size", "consistent", "crc_ok", "queue_id",
+                    "queue_offset", "physical_offset", "sys_flag", "store_timestamp", "topics",
+                    "topic_id", "tags_code", "key_record", "key_hash"))
+
 _kernels = None  # the loaded kernel module and its tables, or False when numba is missing
 
 
@@ -90,10 +95,14 @@ def _load():
 
 
 def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_crc: bool,
-                   keys: bool) -> dict | None:
+                   keys: bool, fields: frozenset = FIELDS) -> dict | None:
     """The :class:`~rmqstore.scan.dispatch.SegmentDispatch` fields of the records from
     ``first`` on the TOTALSIZE chain, starting below ``end``, in ``buf[:limit]`` (as
-    ``walk_range`` then ``_fill`` make them), or None: take the numpy path."""
+    ``walk_range`` then ``_fill`` make them), or None: take the numpy path. ``fields``
+    (what the caller's fill makes) must be :data:`FIELDS`: a field this pass does not
+    know is never left at its default."""
+    if fields != FIELDS:
+        return _fallback("fields " + ", ".join(sorted(fields ^ FIELDS)))
     loaded = _load()
     if loaded is None:
         used["off"] += 1
@@ -159,6 +168,7 @@ def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_cr
         pw = pow31(int(units.max()) + 1 if nk else 1)
         out["key_record"] = kr
         out["key_hash"] = K.index_hashes(th, tid, kr, kh, units, pw)
+    assert out.keys() == FIELDS
     used["kernel"] += 1
     return out
 
