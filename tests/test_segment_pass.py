@@ -137,18 +137,18 @@ def test_split_workers_take_the_kernel(monkeypatch):
 # --- generated segments ------------------------------------------------------------------
 
 _name = st.sampled_from([b"TAGS", b"KEYS", b"UNIQ_KEY"] * 3
-                        + [b"TAG", b"TAGSX", b"KEY", b"UNIQ", b"KEYS ", b"DELAY", b"a", b""])
+                        + [b"TAG", b"TAGSX", b"KEY", b"UNIQ", b"KEYS ", b"DELAY", b"DELAY", b"a", b""])
 _vbytes = st.one_of(
     st.binary(max_size=12).map(lambda b: b.replace(b"\x02", b"")),
     st.sampled_from([b"", b" ", b"a b", b"a  b", b" a ", b"k1 k2 k3", b"\xc3\xa9t\xc3\xa9",
                      b"\xff\xfe bad", b"\xe2\x82", b"x\x01y", b"\xf0\x9f\x98\x80 emoji",
-                     b"A" * 120, b"tok " * 40]),
+                     b"A" * 120, b"tok " * 40, b"3", b"18", b"-1", b"99", b"x"]),
 )
 _prop = st.tuples(_name, _vbytes).map(lambda nv: nv[0] + b"\x01" + nv[1])
 _props = st.lists(st.one_of(_prop, _prop, _prop, st.binary(max_size=6)), max_size=8).flatmap(
     lambda ps: st.sampled_from([b"\x02".join(ps), b"\x02".join(ps) + b"\x02"]))
 _topic = st.sampled_from([b"T", b"TopicA", b"TopicB", b"TopicA", b"TopicB", b"t\xc3\xa9",
-                          b"bad\xff", b"x" * 130, b""] * 3 + [b"SCHEDULE_TOPIC_XXXX"])
+                          b"bad\xff", b"x" * 130, b""] * 2 + [b"SCHEDULE_TOPIC_XXXX"] * 2)
 _host4 = Host(b"\x0a\x00\x00\x01", 1234)
 _host6 = Host(bytes(range(16)), 4321)
 
@@ -248,11 +248,14 @@ EDGE_PROPS = [
     b"UNIQ_KEY\x01U1\x02KEYS\x01 \x02UNIQ_KEY\x01U2", b"KEYS\x01   ", b"TAGS\x01x\x01y",
     b"TAGS\x01\xc3\xa9\x02KEYS\x01\xe2\x82 \xff ok\x02UNIQ_KEY\x01\xf0\x9f\x98\x80",
     b"KEYS\x01" + b"long" * 50 + b" " + b"\xc3\xa9" * 60, b"TAGS\x01" + b"t" * 300,
-    b"KEYS\x01" + b"k " * 50, b"KEYS\x01a\x02", b"\x02\x02TAGS\x01z\x02\x02", b"TAGS\x01a\x02KEYS\x01b\x02TAGS\x01c",
+    b"KEYS\x01" + b"k " * 50, b"DELAY\x013\x02TAGS\x01t", b"DELAY\x01x\x02TAGS\x01t",
+    b"DELAY\x0199", b"DELAY\x01-2", b"TAGS\x01t\x02DELAY\x01", b"DELAY\x011\x02DELAY\x0118",
+    b"KEYS\x01a\x02", b"\x02\x02TAGS\x01z\x02\x02", b"TAGS\x01a\x02KEYS\x01b\x02TAGS\x01c",
 ]
 
 
-@pytest.mark.parametrize("topic", [b"T", b"t\xc3\xa9\xff"], ids=["ascii", "non-ascii"])
+@pytest.mark.parametrize("topic", [b"T", b"t\xc3\xa9\xff", b"SCHEDULE_TOPIC_XXXX"],
+                         ids=["ascii", "non-ascii", "delay topic"])
 def test_property_edge_cases_equal_numpy(topic, monkeypatch):
     msg = Message(topic="t")
     recs = []
@@ -260,7 +263,7 @@ def test_property_edge_cases_equal_numpy(topic, monkeypatch):
         tx = L.TRANSACTION_ROLLBACK if i == 5 else L.TRANSACTION_NOT_TYPE
         total = L.record_size(tx, L.MAGIC_V1, 1, len(topic), len(props))
         head = pack_head((False, False), total, L.MAGIC_V1, zlib.crc32(b"x") & 0x7FFFFFFF,
-                         tx, msg, i, i, i, 1)
+                         tx, msg, i, i, 1_700_000_000_000 + i, 1)
         recs.append(head + record_tail(b"x", topic_field(topic, L.MAGIC_V1), props))
     for data in [b"".join(recs)] + recs:
         ref, got, ran = both(lambda: segment_dispatch(data, 0, len(data)), monkeypatch)

@@ -13,6 +13,7 @@ with non-ASCII bytes and delay-topic records take a per-record Python path; both
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -81,20 +82,37 @@ def dispatch_records(cols: RecordColumns, delay_millis=None, *, keys: bool = Tru
         h, _ = span_hash(u8, tpos[has], tlen[has])
         code[has] = signed_int32(h)
     if SCHEDULE_TOPIC in names:
-        # Delivery time instead of the tag hash (spec §6.1); rare, so per record.
-        delay = delay_millis if delay_millis is not None else parse_delay_levels()
-        dpos, dlen = segs.lookup(b"DELAY")
-        sched = np.flatnonzero((tid == names.index(SCHEDULE_TOPIC)) & (dpos >= 0))
-        ts = cols.store_timestamp
-        for i in sched.tolist():
-            props = {"DELAY": u8[dpos[i]:dpos[i] + dlen[i]].tobytes().decode("utf-8", "replace")}
-            if has[i]:
-                props["TAGS"] = u8[tpos[i]:tpos[i] + tlen[i]].tobytes().decode("utf-8", "replace")
-            code[i] = tags_code(SCHEDULE_TOPIC, props, int(ts[i]), delay)
+        _delay_codes(code, u8, segs, np.flatnonzero(tid == names.index(SCHEDULE_TOPIC)),
+                     cols.store_timestamp, delay_millis)
     if not keys:
         return names, tid, code, z, z
     key_rec, key_hash = index_keys(cols, u8, segs, names, tid)
     return names, tid, code, key_rec, key_hash
+
+
+def _delay_codes(code, u8, segs, sched, ts, delay_millis, rows=None) -> None:
+    """tagsCode of the delay topic's records ``sched`` that carry DELAY: their delivery
+    time instead of the tag hash (spec §6.1); rare, so per record. ``segs`` looks the
+    properties up for ``rows`` (default: every record)."""
+    delay = delay_millis if delay_millis is not None else parse_delay_levels()
+    dpos, dlen = segs.lookup(b"DELAY")
+    tpos, tlen = segs.lookup(b"TAGS")
+    rows = sched if rows is None else rows
+    for i, r in zip(sched.tolist(), rows.tolist()):
+        if dpos[r] < 0:
+            continue
+        props = {"DELAY": u8[dpos[r]:dpos[r] + dlen[r]].tobytes().decode("utf-8", "replace")}
+        if tpos[r] >= 0:
+            props["TAGS"] = u8[tpos[r]:tpos[r] + tlen[r]].tobytes().decode("utf-8", "replace")
+        code[i] = tags_code(SCHEDULE_TOPIC, props, int(ts[i]), delay)
+
+
+def _kernel_delay_codes(code, u8, starts, sched, ts, delay_millis) -> None:
+    """:func:`_delay_codes` for a compiled pass's result: the properties of the delay
+    topic's records (at ``starts``, positions in ``u8``) looked up by numpy."""
+    cols = columns(u8, starts[sched])
+    _delay_codes(code, u8, PropertyIndex(u8, cols.props_pos, cols.props_len), sched, ts,
+                 delay_millis, np.arange(len(sched)))
 
 
 def index_keys(cols: RecordColumns, u8, segs, names, tid):
@@ -166,8 +184,9 @@ def _walk_fill(buf, first: int, end: int, limit: int, base: int, check_crc: bool
     else with numpy, which defines it."""
     from . import segment_pass  # numba is imported by the first bulk scan only
 
-    fast = segment_pass.dispatch_range(buf, first, end, limit, base, check_crc=check_crc,
-                                       keys=keys, fields=_FILLED)
+    fast = segment_pass.dispatch_range(
+        buf, first, end, limit, base, check_crc=check_crc, keys=keys, fields=_FILLED,
+        delay_codes=functools.partial(_kernel_delay_codes, delay_millis=delay_millis))
     if fast is not None:
         return SegmentDispatch(base, limit, fast.pop("chain_end"), fast.pop("stop"), **fast)
     u8 = np.frombuffer(buf, dtype=np.uint8, count=limit) if limit else np.zeros(0, np.uint8)

@@ -7,7 +7,7 @@ format/crc, format/hashing, scan/dispatch); :func:`dispatch_range` gives the sam
 dtypes and order, or None, and then the caller takes the numpy path for the range. None
 when: the switch is off (``RMQSTORE_NO_JIT=1``, or numba does not import), no records,
 any record not whole (spec §3.9 size rule: which later records count is numpy's rule),
-the delay topic (its tagsCode is a delivery time), two topics the numpy topic table would
+the delay topic when the caller gives no rule for it, two topics the numpy topic table would
 merge, or very many topics. Values with non-ASCII bytes (tags, keys) are hashed by
 :func:`rmqstore.format.hashing.span_hash` itself, for those values only.
 
@@ -95,12 +95,14 @@ def _load():
 
 
 def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_crc: bool,
-                   keys: bool, fields: frozenset = FIELDS) -> dict | None:
+                   keys: bool, fields: frozenset = FIELDS, delay_codes=None) -> dict | None:
     """The :class:`~rmqstore.scan.dispatch.SegmentDispatch` fields of the records from
     ``first`` on the TOTALSIZE chain, starting below ``end``, in ``buf[:limit]`` (as
     ``walk_range`` then ``_fill`` make them), or None: take the numpy path. ``fields``
     (what the caller's fill makes) must be :data:`FIELDS`: a field this pass does not
-    know is never left at its default."""
+    know is never left at its default. ``delay_codes(code, u8, starts, records, store
+    timestamps)`` sets the tagsCode of the delay topic's records (numpy's rule, spec
+    §6.1); without it a range holding that topic takes the numpy path."""
     if fields != FIELDS:
         return _fallback("fields " + ", ".join(sorted(fields ^ FIELDS)))
     loaded = _load()
@@ -143,13 +145,15 @@ def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_cr
     names, rank = columns(u8, starts[t_first[:nt]], base).topic_table()
     if len(names) != nt:
         return _fallback("topic hash collision")
-    if SCHEDULE_TOPIC in names:
+    if SCHEDULE_TOPIC in names and delay_codes is None:
         return _fallback("delay topic")
     K.renumber(tid, rank)
     bad = np.flatnonzero(tag_bad)
     if len(bad):  # non-ASCII TAGS: the general hash, for those records only
         tpos, tlen = _value_spans(u8, starts[bad], b"TAGS")
         code[bad] = signed_int32(span_hash(u8, tpos, tlen)[0])
+    if SCHEDULE_TOPIC in names:
+        delay_codes(code, u8, starts, np.flatnonzero(tid == names.index(SCHEDULE_TOPIC)), ts)
     offset = starts  # the positions are not needed any more: made absolute in place
     offset += base
     out = dict(offset=offset, size=size, consistent=np.ones(n, bool), crc_ok=crc_ok,
