@@ -25,7 +25,7 @@ G_MIN, G_MAGIC1, G_MAGIC2, G_AT_MAGIC, G_AT_CRC, G_AT_QID, G_AT_QOFF, G_AT_PHY, 
 DONE, KEYS_FULL, FALLBACK_RECORD, FALLBACK_TOPICS = 0, 1, 2, 3
 
 ZLIB_MIN = 256  # bodies from this long go to zlib's crc32 (faster there; a call costs ~30 ns)
-TOPIC_SLOTS = 8192  # open-addressing table; more distinct topics than half of it: fall back
+TOPIC_SLOTS = 8192  # open-addressing table (a power of 2); more topics than half: fall back
 MAX_TOPICS = TOPIC_SLOTS // 2
 
 
@@ -210,7 +210,7 @@ def records(b, starts, n, i0, nk0, nt0, check_crc, want_keys, g, tab, T, tags, k
             th = (th ^ np.uint64(b[q])) * np.uint64(1099511628211)
         for q in range(max(tp + 8, tp + tlen - 8), tp + tlen):
             th = (th ^ np.uint64(b[q])) * np.uint64(1099511628211)
-        s = np.int64(th % np.uint64(nslots))
+        s = np.int64((th >> np.uint64(32)) & np.uint64(nslots - 1))  # nslots: a power of 2
         while True:
             t = slot[s]
             if t < 0:
@@ -230,7 +230,7 @@ def records(b, starts, n, i0, nk0, nt0, check_crc, want_keys, g, tab, T, tags, k
                         break
                 if same:
                     break
-            s = (s + 1) % nslots
+            s = (s + 1) & (nslots - 1)
         # properties: a name counts only at a segment start, the later value wins, an
         # empty value is absent (spec §3.4; scan/properties is the definition)
         tag_s = np.int64(-1)
