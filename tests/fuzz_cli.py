@@ -18,6 +18,7 @@ from pathlib import Path
 
 import damage as D
 import fuzz_store as FS
+from rmqstore.scan.segment_pass import cache_dir as kernel_cache_dir
 from fuzz_checks import (NOT_LOCK, TIMEOUT_CLI, CaseResult, Runner, _read_diffs, _samples,
                          _store_entries, backup_unjudged, case_env, check_prefix, diff_states,
                          features, grew, healthy, lock_held, must_keep, outside_diff, restore_cli_args,
@@ -43,8 +44,15 @@ class Outcome:
 def cli_env(c: FS.Case) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RMQSTORE_")}
     env.update(TMPDIR=str(c.sandbox / "tmp"), HOME=str(c.sandbox / "home"), COLUMNS="120",
-               PYTHONPATH=str(FS.REPO))
+               PYTHONPATH=str(FS.REPO), NUMBA_CACHE_DIR=_KERNEL_CACHE)
     return env
+
+
+# The compiled scan kernels' cache (rmqstore.scan.segment_pass.cache_dir: by default in the
+# user's cache directory, never a store) is the one thing a command keeps outside the store,
+# by design. Commands here share this session's cache, outside the sandbox whose every other
+# byte is watched (and a fresh HOME per case would compile the kernels in every process).
+_KERNEL_CACHE = os.environ.get("NUMBA_CACHE_DIR") or kernel_cache_dir()
 
 
 def run_cli(args: list[str], c: FS.Case, *, tty: bool = False, timeout: float = TIMEOUT_CLI,

@@ -43,18 +43,17 @@ def cache_dir() -> str:
     """Where compiled kernels are kept: ``$XDG_CACHE_HOME/rmqstore/numba`` (or
     ``~/.cache/...``); where that cannot be made, a directory of this user's in the
     temporary directory."""
-    import tempfile
-
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    for d in (Path(base) / "rmqstore" / "numba",
-              Path(tempfile.gettempdir()) / f"rmqstore-numba-{os.getuid()}"):
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            continue
+    d = Path(base) / "rmqstore" / "numba"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
         if os.access(d, os.W_OK):
             return str(d)
-    return str(d)
+    except OSError:
+        pass
+    import tempfile  # only now: finding the temporary directory writes a probe file there
+
+    return str(Path(tempfile.gettempdir()) / f"rmqstore-numba-{os.getuid()}")
 
 
 def enabled() -> bool:
@@ -81,7 +80,8 @@ def _load():
     if os.environ.get("RMQSTORE_NO_JIT", "") == "1":
         return None
     if _kernels is None:
-        os.environ.setdefault("NUMBA_CACHE_DIR", cache_dir())
+        if not os.environ.get("NUMBA_CACHE_DIR"):
+            os.environ["NUMBA_CACHE_DIR"] = cache_dir()
         try:
             from . import segment_jit as K
         except Exception:  # no numba, or it cannot load here: numpy does the work
@@ -98,7 +98,7 @@ def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_cr
                    keys: bool, fields: frozenset = FIELDS, delay_codes=None) -> dict | None:
     """The :class:`~rmqstore.scan.dispatch.SegmentDispatch` fields of the records from
     ``first`` on the TOTALSIZE chain, starting below ``end``, in ``buf[:limit]`` (as
-    ``walk_range`` then ``_fill`` make them), or None: take the numpy path. ``fields``
+    ``walk_range`` then ``fill_dispatch`` make them), or None: take the numpy path. ``fields``
     (what the caller's fill makes) must be :data:`FIELDS`: a field this pass does not
     know is never left at its default. ``delay_codes(code, u8, starts, records, store
     timestamps)`` sets the tagsCode of the delay topic's records (numpy's rule, spec
