@@ -39,7 +39,8 @@ REVIEWED = {
                                                    "between sizing and renaming, only when "
                                                    "every byte is zero (holds_no_data)",
     ("recover_unfinished", "unlink"): "an IndexFile put interrupted by our own writer",
-    ("create_abort", "unlink"): "abort, a store state file (O_NOFOLLOW)",
+    ("_write_file", "unlink"): "a store state file (abort) this call created, when its "
+                               "write fails (O_NOFOLLOW)",
     ("remove_abort", "unlink"): "abort, a store state file",
     # Repair: every path confined to the store (journal.confine) and saved first.
     ("Journal._save", "ftruncate"): "the backup copy of a range, in the backup folder",

@@ -124,20 +124,7 @@ def create_abort(root: str | os.PathLike, content: bytes = b"", *, keep_previous
     existed = path.exists()
     if keep_previous:
         _write_file(Path(root) / ABORT_BAK, _read_small(path) if existed else b"", "create abort.bak")
-    try:
-        fd = _open_in_store(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        try:
-            os.write(fd, content)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as e:
-        if not existed:  # a full disk: leave no half-made marker behind
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        raise io_error(e, path, "create abort") from None
+    _write_file(path, content, "create abort", remove_on_error=not existed)
 
 
 def _read_small(path: Path) -> bytes:
@@ -151,7 +138,10 @@ def _read_small(path: Path) -> bytes:
         os.close(fd)
 
 
-def _write_file(path: Path, content: bytes, what: str) -> None:
+def _write_file(path: Path, content: bytes, what: str, *, remove_on_error: bool = False) -> None:
+    """Write a small state file in the store (never through a link) and fsync it;
+    ``remove_on_error``: a file this call created goes again when the write fails (a full
+    disk leaves no half-made marker behind)."""
     try:
         fd = _open_in_store(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
@@ -160,6 +150,11 @@ def _write_file(path: Path, content: bytes, what: str) -> None:
         finally:
             os.close(fd)
     except OSError as e:
+        if remove_on_error:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
         raise io_error(e, path, what) from None
 
 
