@@ -12,7 +12,6 @@ to whole units. :func:`build_batch_consume_queue` writes one queue in bulk (rebu
 
 from __future__ import annotations
 
-import mmap
 import os
 from pathlib import Path
 from typing import Iterator, NamedTuple
@@ -22,9 +21,8 @@ import numpy as np
 from ..errors import OffsetError, SegmentError, UnsafePathError
 from ..format import layout as L
 from ..format.rules import bcq_unit_ok
-from .consumequeue import QueueListing, QueueProblem, _scan_segments, first_false, list_queues
-from .listing import entries, offset_name, open_regular
-from .mapped import map_read
+from .consumequeue import QueueFiles, QueueListing, QueueProblem, first_false, list_queues
+from .listing import entries, offset_name
 from .names import queue_dir
 
 FOLDER = "batchconsumequeue"
@@ -92,12 +90,15 @@ def _valid(units: np.ndarray) -> np.ndarray:
             & bcq_unit_ok(units["msg_base_offset"], units["batch_size"]))
 
 
-class BatchConsumeQueue:
+class BatchConsumeQueue(QueueFiles):
     """One BCQ directory, mapped read-only; units up to the recovered end (design-14 §4.2).
 
     ``file_size`` defaults to what the files show; ``truncate_at`` applies
     truncateDirtyLogicFiles(phy) to the view, as recovery does.
     """
+
+    _DTYPE = L.BCQ_UNIT_DTYPE
+    _WHAT = "BatchConsumeQueue file"
 
     def __init__(self, path: str | os.PathLike, file_size: int | None = None, *,
                  truncate_at: int | None = None):
@@ -110,30 +111,7 @@ class BatchConsumeQueue:
             raise SegmentError(f"BatchConsumeQueue file size {self.file_size} holds no unit",
                                self.path)
         self.units_per_file = self.file_size // UNIT
-        self._files = []
-        self._maps: list[mmap.mmap] = []
-        self.segments: list[tuple[int, np.ndarray]] = []
-        for start, p, length in _scan_segments(self.path, self.file_size, self.problems):
-            self.segments.append((start, self._map(p, min(length, self.file_size))))
-        self._recover()
-        if truncate_at is not None:
-            self._truncate(truncate_at)
-        self._units: np.ndarray | None = None
-
-    def _map(self, p: Path, length: int) -> np.ndarray:
-        if length < UNIT:
-            return np.zeros(0, dtype=L.BCQ_UNIT_DTYPE)
-        f = None
-        try:
-            f = open_regular(p)
-            mm = map_read(f.fileno(), length, p)
-        except OSError as e:
-            if f is not None:
-                f.close()
-            raise SegmentError(f"cannot map BatchConsumeQueue file: {e.strerror}", p) from None
-        self._files.append(f)
-        self._maps.append(mm)
-        return np.frombuffer(mm, dtype=L.BCQ_UNIT_DTYPE, count=length // UNIT)
+        self._load(truncate_at)
 
     def _recover(self) -> None:
         """``BatchConsumeQueue#recover`` @5.x: from the third file from the end, valid units
@@ -248,25 +226,6 @@ class BatchConsumeQueue:
     def __len__(self) -> int:
         """Units (records), not messages: ``max_offset - min_offset()`` counts those."""
         return sum(self._used)
-
-    def close(self) -> None:
-        self.segments = []
-        self._units = None
-        for mm in self._maps:
-            try:
-                mm.close()
-            except BufferError:
-                pass
-        for f in self._files:
-            f.close()
-        self._maps, self._files = [], []
-
-    def __enter__(self) -> "BatchConsumeQueue":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
 
 def open_batch_consume_queue(root: str | os.PathLike, topic: str, queue_id: int,
                              file_size: int | None = None, **kw) -> BatchConsumeQueue:

@@ -140,21 +140,16 @@ def first_false(mask: np.ndarray) -> int:
     return int(bad[0]) if bad.size else len(mask)
 
 
-class ConsumeQueue:
-    """One queue directory, mapped read-only; units up to the recovered end (spec §6.1).
+class QueueFiles:
+    """A queue directory's segment files mapped read-only as arrays of units (``_DTYPE``):
+    what a ConsumeQueue and a BatchConsumeQueue share. Subclasses set ``path``,
+    ``file_size`` and ``problems``, then call :meth:`_load`, and give the recovery rules
+    (``_recover``, ``_truncate``) of their kind."""
 
-    ``truncate_at`` applies truncateDirtyLogicFiles(phy) (spec §10.4) to the view, which
-    is how recovery drops units pointing at or past the CommitLog's recovered end; the
-    bytes stay on disk, so a plain read of a recovered store can still see them.
-    """
+    _DTYPE = L.CQ_UNIT_DTYPE
+    _WHAT = "queue file"  # for the one-line error naming the file
 
-    def __init__(self, path: str | os.PathLike, file_size: int = DEFAULT_CQ_FILE_SIZE, *,
-                 truncate_at: int | None = None):
-        self.path = Path(path)
-        self.file_size = effective_file_size(file_size)
-        self.problems: list[QueueProblem] = []
-        if not self.path.is_dir():
-            raise SegmentError("ConsumeQueue directory does not exist", self.path)
+    def _load(self, truncate_at: int | None) -> None:
         self._files = []
         self._maps: list[mmap.mmap] = []
         self.segments: list[tuple[int, np.ndarray]] = []  # (start, all units of the file)
@@ -166,8 +161,9 @@ class ConsumeQueue:
         self._units: np.ndarray | None = None
 
     def _map(self, p: Path, length: int) -> np.ndarray:
-        if length < UNIT:
-            return np.zeros(0, dtype=L.CQ_UNIT_DTYPE)
+        unit = self._DTYPE.itemsize
+        if length < unit:
+            return np.zeros(0, dtype=self._DTYPE)
         f = None
         try:
             f = open_regular(p)
@@ -175,10 +171,48 @@ class ConsumeQueue:
         except OSError as e:
             if f is not None:
                 f.close()
-            raise SegmentError(f"cannot map ConsumeQueue segment: {e.strerror}", p) from None
+            raise SegmentError(f"cannot map {self._WHAT}: {e.strerror}", p) from None
         self._files.append(f)
         self._maps.append(mm)
-        return np.frombuffer(mm, dtype=L.CQ_UNIT_DTYPE, count=length // UNIT)
+        return np.frombuffer(mm, dtype=self._DTYPE, count=length // unit)
+
+    def close(self) -> None:
+        self.segments = []
+        self._units = None
+        for mm in self._maps:
+            try:
+                mm.close()
+            except BufferError:
+                pass  # a caller still holds a view; the map closes when it is dropped
+        for f in self._files:
+            f.close()
+        self._maps, self._files = [], []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ConsumeQueue(QueueFiles):
+    """One queue directory, mapped read-only; units up to the recovered end (spec §6.1).
+
+    ``truncate_at`` applies truncateDirtyLogicFiles(phy) (spec §10.4) to the view, which
+    is how recovery drops units pointing at or past the CommitLog's recovered end; the
+    bytes stay on disk, so a plain read of a recovered store can still see them.
+    """
+
+    _WHAT = "ConsumeQueue segment"
+
+    def __init__(self, path: str | os.PathLike, file_size: int = DEFAULT_CQ_FILE_SIZE, *,
+                 truncate_at: int | None = None):
+        self.path = Path(path)
+        self.file_size = effective_file_size(file_size)
+        self.problems: list[QueueProblem] = []
+        if not self.path.is_dir():
+            raise SegmentError("ConsumeQueue directory does not exist", self.path)
+        self._load(truncate_at)
 
     def _recover(self) -> None:
         """End of data as the broker's recover finds it (spec §6.1 steps 1-5)."""
@@ -329,25 +363,6 @@ class ConsumeQueue:
 
     def __len__(self) -> int:
         return self.max_offset - self.base_offset
-
-    def close(self) -> None:
-        self.segments = []
-        self._units = None
-        for mm in self._maps:
-            try:
-                mm.close()
-            except BufferError:
-                pass  # a caller still holds a view; the map closes when it is dropped
-        for f in self._files:
-            f.close()
-        self._maps, self._files = [], []
-
-    def __enter__(self) -> "ConsumeQueue":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
 
 def open_consume_queue(root: str | os.PathLike, topic: str, queue_id: int,
                        file_size: int = DEFAULT_CQ_FILE_SIZE, **kw) -> ConsumeQueue:
