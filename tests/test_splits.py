@@ -376,3 +376,53 @@ def test_implied_units_equal_manifest_cq():
                     [u["queueOffset"], u["commitLogOffset"], u["size"], u["tagsCode"]])
         ref = {(q["topic"], q["queueId"]): q["cqEntries"] for q in manifest(scenario)["queues"] if q["cqEntries"]}
         assert got == ref
+
+
+def test_resync_skips_a_sparse_stretch_and_finds_what_a_full_search_finds(tmp_path):
+    # A preallocated segment is mostly a hole: zeros hold no record, so resync jumps to the
+    # next data (SEEK_DATA) instead of searching them; where data follows, it still finds
+    # the first record start a plain search finds.
+    import os
+
+    from rmqstore.engine.store import MessageStore
+    from rmqstore.files.config import StoreConfig
+    from rmqstore.format.message import Message
+    from rmqstore.scan.split_plan import Split
+    from rmqstore.scan.splits import Window, resync
+
+    size = 4 << 20
+    cfg = StoreConfig(mapped_file_size_commit_log=size, mapped_file_size_consume_queue=6000)
+    with MessageStore.open(tmp_path / "s", cfg, create=True) as st:
+        rs = [st.put(Message(topic="T", body=b"x" * 300)) for _ in range(50)]
+    seg = tmp_path / "s" / "commitlog" / f"{0:020d}"
+    end_of_data = rs[-1].offset + rs[-1].size
+
+    def window(begin, end):
+        return Window(Split(0, str(tmp_path / "s"), str(seg), 0, 0, size, size, begin, end, 1 << 22))
+
+    w = window(0, size)
+    try:
+        if w.next_data(end_of_data + 8192) == end_of_data + 8192:
+            pytest.skip("this file system does not report holes (SEEK_DATA)")
+        assert w.next_data(1 << 20) == size  # only holes after the data
+
+        class Searched:  # the bytes resync searches
+            def __init__(self, buf):
+                self.buf, self.bytes = buf, 0
+
+            def find(self, sub, a, b):
+                self.bytes += b - a
+                return self.buf.find(sub, a, b)
+
+            def __getitem__(self, k):
+                return self.buf[k]
+
+        w.buf = spy = Searched(w.buf)
+        assert resync(w, 1 << 20, 2 << 20) is None
+        assert spy.bytes == 0  # the hole was not searched (it was 1 MiB before)
+        w.buf = spy.buf
+        assert resync(w, 7, 1 << 20) == rs[1].offset  # data ahead: found as before
+        assert resync(w, 0, 1 << 20) == 0
+    finally:
+        w.close()
+    assert os.path.getsize(seg) == size

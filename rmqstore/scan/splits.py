@@ -29,6 +29,7 @@ How a split is read (spark-notes "Reading CommitLog files", spec §2, §3, §4):
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from dataclasses import dataclass
@@ -111,7 +112,9 @@ class Window:
             if len(self._map) < self.size:
                 self.size = self.hi = len(self._map)
             self.buf = self._map
-            _populate(self._map, split.begin, min(split.end + _POPULATE_PAST, self.size))
+            hi = min(split.end + _POPULATE_PAST, self.size)
+            if self.next_data(split.begin) < hi:  # a range that is one hole maps nothing
+                _populate(self._map, split.begin, hi)
         else:
             fs, p = arrow_filesystem(split.path)
             self._file = fs.open_input_file(p)
@@ -133,6 +136,18 @@ class Window:
     def complete(self) -> bool:
         """Does the window reach the end of the file?"""
         return self.hi >= self.size
+
+    def next_data(self, pos: int) -> int:
+        """The first file position at or after ``pos`` that is not in a hole (the file's
+        size when only holes follow): holes read as zeros, and zeros hold no record, so a
+        search may start there. ``pos`` itself where the file system cannot tell, or for a
+        remote file."""
+        if self._map is None or self._file is None:
+            return pos
+        try:
+            return os.lseek(self._file.fileno(), pos, os.SEEK_DATA)
+        except OSError as e:
+            return self.size if e.errno == errno.ENXIO else pos
 
     def need(self, upto: int) -> None:
         if upto > self.hi and not self.complete:
@@ -207,6 +222,10 @@ def resync(w: Window, begin: int, end: int) -> int | None:
     base = s.file_start
     find = w.buf.find
     pos = max(begin, 0) + _MAGIC_AT
+    # A sparse stretch (a preallocated segment's unused part) is skipped, not searched.
+    pos = max(pos, w.next_data(pos - _MAGIC_AT) + _MAGIC_AT)
+    if pos - _MAGIC_AT >= end:
+        return None
     while True:
         limit = min(end + _MAGIC_AT + len(_MAGIC_PREFIX), w.hi)
         k = find(_MAGIC_PREFIX, pos - w.lo, limit - w.lo)
