@@ -85,7 +85,6 @@ class CommitLogAppender:
         self._direct = buffer_for is None  # writes land in the segment's own mapping
         self.end = end  # absolute offset of the next record
         self.last_store_timestamp = 0
-        self.last_record_offset = -1  # PHYSICALOFFSET of the last record appended
         self._seg: Segment | None = None
         self._seg_start = 0
         self._seg_end = 0  # where the current segment ends (0: none yet)
@@ -229,7 +228,6 @@ class CommitLogAppender:
         if advance:
             self.queue_offsets[key] = qoff + 1
         self.last_store_timestamp = store_ts
-        self.last_record_offset = phys
         result = PutResult(PutStatus.PUT_OK, phys, p.total, qoff, store_ts,
                            offset_msg_id(m.store_host, phys))
         return result, Appended(phys, p.total, m.topic, m.queue_id, qoff, p.sys_flag, store_ts,
@@ -273,7 +271,6 @@ class CommitLogAppender:
                 else:
                     counters[key] = v
             raise
-        self.last_record_offset = results[-1].offset
         return results, appended
 
     def append_encoded(self, data, total: int, count: int, last_store_timestamp: int) -> int:
@@ -395,7 +392,6 @@ class CommitLogAppender:
             _TOTAL_SIZE.pack_into(buf, pos, total)
             self.end = end + total
             self.last_store_timestamp = ts
-            self.last_record_offset = end
             if record is not None:
                 try:
                     record(topic, queue_id, qoff, end, total, sys_flag, ts, props, text)

@@ -270,7 +270,6 @@ def put_columns(a, batch: MessageBatch, stamp: bool, record=None):
         a.place(data, total)
         ranks.advance_counters(counters, base)  # once written
         a.last_store_timestamp = store_ts if isinstance(store_ts, int) else int(store_ts[-1])
-        a.last_record_offset = int(phys[-1])
         if record is not None:
             cols = WrittenColumns(topic if single else None, topics, distinct, ranks.queue_ids,
                                   qoffs, phys, totals, sys_arr, tx, store_ts, batch, texts,
@@ -404,7 +403,6 @@ def put_messages(a, msgs: Sequence[Message], stamp: bool, record_many=None):
         a.place(data, total)
         ranks.advance_counters(counters, base)  # once written
         a.last_store_timestamp = ts_list[-1]
-        a.last_record_offset = int(phys[-1])
         if record_many is not None:
             try:
                 record_many(topics, distinct, qids, qoffs, phys, totals, sys_arr, ts_list,

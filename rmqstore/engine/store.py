@@ -158,7 +158,6 @@ class MessageStore:
         # RocketMQ 5.3.3 wrote its fixtures: basic has 0, crash-recovered 467284).
         self._confirm_offset = self.checkpoint.confirm_phy_offset
         if found is not None and found.last_record >= 0:
-            self.appender.last_record_offset = found.last_record
             self._confirm_offset = found.last_record
 
         def flushed(ts: int) -> None:
@@ -335,11 +334,6 @@ class MessageStore:
             self._halt = True
 
     # --- state ---------------------------------------------------------------------------
-
-    @property
-    def last_record_offset(self) -> int:
-        """PHYSICALOFFSET of the last record appended (confirmPhyOffset for 5.x, §8.1)."""
-        return self.appender.last_record_offset
 
     @property
     def max_offset(self) -> int:

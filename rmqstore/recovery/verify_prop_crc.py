@@ -5,6 +5,8 @@ then a mismatch (or a record without the entry) ends the log there, like a bad B
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from ..files.segments import SegmentQueue
@@ -42,12 +44,13 @@ def check_prop_crc(c: Collector, queue: SegmentQueue, scan: StoreScan, *, forced
         bad += [("prop-crc-mismatch", seg, int(o)) for o in off[has][~ok]]
         if forced:
             bad += [("prop-crc-missing", seg, int(o)) for o in off[~has]]
-    shown: dict[str, int] = {}
+    total = Counter(code for code, _, _ in bad)
+    shown: Counter = Counter()
     for code, seg, o in bad:
-        shown[code] = shown.get(code, 0) + 1
+        shown[code] += 1
         if shown[code] > _LISTED:
             continue
-        more = sum(1 for b in bad if b[0] == code) - _LISTED if shown[code] == _LISTED else 0
+        more = total[code] - _LISTED if shown[code] == _LISTED else 0
         tail = f" ({more} more like it)" if more > 0 else ""
         if code == "prop-crc-mismatch":
             why = (f"record at CommitLog offset {o}: its __CRC32# property does not match the "
