@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import FIXTURES
+from conftest import FIXTURES, NO_FIXTURES
 from rmqstore.format import layout as L
 from rmqstore.format.message import Host, Message
 from rmqstore.format.record import pack_head, record_tail, topic_field
@@ -28,8 +28,10 @@ def _segments():
     for group in ("rocketmq-4.9.8", "rocketmq-5.3.3"):
         for p in sorted((FIXTURES / group).glob("*/commitlog/*")):
             out.append(p)
-    out.append(FIXTURES / "rocketmq-4.x-segment" / "00000000000000000000")
-    return out
+    seg4x = FIXTURES / "rocketmq-4.x-segment" / "00000000000000000000"
+    if seg4x.exists():
+        out.append(seg4x)
+    return out or [pytest.param(None, marks=pytest.mark.skip(reason=NO_FIXTURES))]
 
 
 SEGMENTS = _segments()
@@ -87,7 +89,7 @@ def test_both_crc_forms_equal_numpy(with_zlib, monkeypatch):
     assert not ref.crc_ok[1::2][1:].any() and ref.crc_ok[::2].all()
 
 
-@pytest.mark.parametrize("path", SEGMENTS, ids=lambda p: "/".join(p.parts[-4:]))
+@pytest.mark.parametrize("path", SEGMENTS, ids=lambda p: "/".join(p.parts[-4:]) if p else "none")
 def test_every_fixture_segment_equals_numpy(path: Path, monkeypatch):
     data = path.read_bytes()
     start = int(path.name)
