@@ -42,3 +42,30 @@ def test_known_vector():
     # spec §12: BODYCRC is crc32 & 0x7FFFFFFF; crc32(b"123456789") is the CRC-32 check value
     u8 = np.frombuffer(b"xx123456789", dtype=np.uint8)
     assert int(crc32_spans(u8, np.array([2]), np.array([9]))[0]) == 0xCBF43926
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=0, max_size=5000), st.integers(0, 2**32 - 1))
+def test_the_fast_crc32_and_its_c_pointer_give_zlibs_values(buf, start):
+    # format/crc.crc32 (ISA-L where installed) and native_crc32 (what the compiled walk
+    # calls) must be zlib's CRC-32 exactly, continued from any value
+    import ctypes
+
+    from rmqstore.format.crc import crc32, native_crc32
+
+    assert crc32(buf) == zlib.crc32(buf)
+    assert crc32(buf, start) == zlib.crc32(buf, start)
+    f, shortest = native_crc32()
+    assert f is not None and shortest >= 1
+    b = ctypes.create_string_buffer(buf, len(buf) + 1)
+    assert f(0, ctypes.addressof(b), len(buf)) == zlib.crc32(buf)
+
+
+def test_isal_is_the_crc_where_installed():
+    # the dependency is declared (pyproject): the fast path must be the one in use
+    from isal import isal_zlib
+
+    from rmqstore.format import crc
+
+    assert crc.crc32 is isal_zlib.crc32
+    assert crc.native_crc32()[0].__name__ == "crc32_gzip_refl"

@@ -64,15 +64,27 @@ def test_numba_is_there():
     assert segment_pass.enabled()
 
 
-@pytest.mark.parametrize("with_zlib", [True, False], ids=["zlib crc32", "own tables"])
-def test_both_crc_forms_equal_numpy(with_zlib, monkeypatch):
-    # Long bodies go to the C library's crc32 where it loads, to the kernel's tables
-    # where not: both give numpy's verdicts, good and damaged bodies alike.
+def _libz_crc32():
+    import ctypes
+
+    f = ctypes.CDLL("libz.so.1").crc32
+    f.restype = ctypes.c_ulong
+    f.argtypes = [ctypes.c_ulong, ctypes.c_void_p, ctypes.c_uint]
+    return f
+
+
+@pytest.mark.parametrize("form", ["native", "zlib", "tables"],
+                         ids=["ISA-L crc32 (every body)", "zlib crc32 (long bodies)", "own tables"])
+def test_every_crc_form_equals_numpy(form, monkeypatch):
+    # Bodies go to format/crc.native_crc32 (ISA-L: every length), to the C library's zlib
+    # crc32 from 256 bytes where isal is absent, or to the kernel's tables where neither
+    # loads: each gives numpy's verdicts, good and damaged bodies alike.
     loaded = segment_pass._load()
-    if not with_zlib:
-        monkeypatch.setattr(segment_pass, "_kernels", loaded[:-1] + (None,))
+    if form == "native":
+        assert loaded[-2].__name__ == "crc32_gzip_refl" and loaded[-1] == 1
     else:
-        assert loaded[-1] is not None  # libz is there on every machine the tests run on
+        crc = (_libz_crc32(), 256) if form == "zlib" else (None, 0)
+        monkeypatch.setattr(segment_pass, "_kernels", loaded[:-2] + crc)
     msg = Message(topic="t")
     recs = []
     for i, n in enumerate([0, 1, 7, 8, 9, 100, 255, 256, 257, 1000, 4099]):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import threading
 import time
-import zlib
 from typing import Callable, Sequence
 
 from ..errors import StoreIOError
@@ -27,7 +26,7 @@ from ..files.config import StoreConfig
 from ..files.names import topic_problem
 from ..files.segments import Segment, SegmentQueue, segment_ahead, segment_pwrite
 from ..format import layout as L
-from ..format.crc import BODY_CRC_MASK, prop_crc_entry, record_prop_crc
+from ..format.crc import BODY_CRC_MASK, crc32, prop_crc_entry, record_prop_crc
 from ..format.message import Message, offset_msg_id, offset_msg_id_prefix
 from ..format.record import pack_head, topic_field
 from ..format.rules import NO_QUEUE_OFFSET_BIT, advances_queue_offset, magic_for, topic_field_refusal
@@ -47,7 +46,7 @@ _PROPS_LEN = L.RECORD_PROPERTIES_LENGTH_STRUCT
 # first use: a list index is cheaper than a pack call per put.
 _PROPS_LEN_BYTES: list = [None] * (FAST_PROPS_MAX + 1)
 _NOT_HOST_BITS = ~(L.SYSFLAG_BORNHOST_V6 | L.SYSFLAG_STOREHOST_V6)
-_crc32 = zlib.crc32
+_crc32 = crc32  # format/crc: zlib's CRC-32, through ISA-L where installed
 _MAGIC_V1 = L.MAGIC_V1
 _BLANK = L.END_FILE_MIN_BLANK_LENGTH
 _NAME_VALUE = L.PROPERTY_NAME_VALUE_SEPARATOR.join

@@ -13,7 +13,7 @@ Python object per message:
   (:mod:`rmqstore.engine.batch_properties`);
 * the fixed fields are one ``RECORD_FIXED_DTYPE`` array (a template row copied, then the
   varying columns), records are joined once and copied into the segment with one write;
-* BODYCRC is ``zlib.crc32`` per body (the store computes it; nothing is taken on trust);
+* BODYCRC is ``format.crc.crc32`` (zlib's CRC-32) per body (the store computes it; nothing is taken on trust);
 * dispatch reads TAGS/KEYS/UNIQ_KEY from the columns: tagsCodes hashed once per distinct
   tag, CQ units of each queue written as one dense block, index keys hashed per token
   length from the topic's ``topic#`` prefix hash and put with ``IndexService.put_hashes``.
@@ -34,14 +34,13 @@ from __future__ import annotations
 
 import itertools
 import operator
-import zlib
 from typing import Sequence
 
 import numpy as np
 
 from ..errors import StoreIOError
 from ..format import layout as L
-from ..format.crc import BODY_CRC_MASK
+from ..format.crc import BODY_CRC_MASK, crc32
 from ..format.message import Message, offset_msg_id_prefix, serialize_properties
 from ..format.rules import SCHEDULE_TOPIC, advances_queue_offset
 from .append import now_ms
@@ -234,7 +233,7 @@ def put_columns(a, batch: MessageBatch, stamp: bool, record=None):
     if int(totals.max()) > a.max_total or total + L.END_FILE_MIN_BLANK_LENGTH > a.size:
         return None
     # --- the fixed fields -------------------------------------------------------------------
-    crcs = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n)
+    crcs = np.fromiter(map(crc32, bodies), dtype=np.int64, count=n)
     crcs &= BODY_CRC_MASK
     sys_flag = _int_column(batch.sys_flag, n)
     sys_arr = (sys_flag & ~_HOST_BITS) | host_bits
@@ -370,7 +369,7 @@ def put_messages(a, msgs: Sequence[Message], stamp: bool, record_many=None):
     total = int(totals.sum())
     if int(totals.max()) > a.max_total or total + L.END_FILE_MIN_BLANK_LENGTH > a.size:
         return None  # prepare() refuses a record, or the batch cannot fit a segment
-    crcs = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n) & BODY_CRC_MASK
+    crcs = np.fromiter(map(crc32, bodies), dtype=np.int64, count=n) & BODY_CRC_MASK
     sys_arr = (np.array(sys_flags, dtype=np.int64) & ~_HOST_BITS) | host_bits
     advance = advances_queue_offset(sys_arr)
     if advance.all():

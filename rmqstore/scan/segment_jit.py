@@ -24,7 +24,6 @@ G_MIN, G_MAGIC1, G_MAGIC2, G_AT_MAGIC, G_AT_CRC, G_AT_QID, G_AT_QOFF, G_AT_PHY, 
 #: What :func:`records` says when it stops early.
 DONE, KEYS_FULL, FALLBACK_RECORD, FALLBACK_TOPICS = 0, 1, 2, 3
 
-ZLIB_MIN = 256  # bodies from this long go to zlib's crc32 (faster there; a call costs ~30 ns)
 TOPIC_SLOTS = 8192  # open-addressing table (a power of 2); more topics than half: fall back
 MAX_TOPICS = TOPIC_SLOTS // 2
 
@@ -44,26 +43,6 @@ def geometry() -> tuple[np.ndarray, np.ndarray]:
                      L.RECORD_FIXED_OFFSETS[c]["body_length"][0], L.RECORD_FIXED_SIZE[c]]
                     for c in combos], np.int64)
     return g, tab
-
-
-def zlib_crc32():
-    """The C library's ``crc32(crc, bytes, length)`` (the one Python's zlib calls), as a
-    ctypes function the kernels can call, or None where it cannot be loaded (the kernels
-    then use their own tables)."""
-    import ctypes
-    import ctypes.util
-
-    for name in ("libz.so.1", "libz.dylib", ctypes.util.find_library("z")):
-        if not name:
-            continue
-        try:
-            f = ctypes.CDLL(name).crc32
-        except (OSError, AttributeError):
-            continue
-        f.restype = ctypes.c_ulong
-        f.argtypes = [ctypes.c_ulong, ctypes.c_void_p, ctypes.c_uint]
-        return f
-    return None
 
 
 def crc_tables() -> np.ndarray:
@@ -166,7 +145,7 @@ def walk(b, pos, end, limit, g, starts):
 def records(b, starts, n, i0, nk0, nt0, check_crc, want_keys, g, tab, T, tags, keys, uniq,
             size_o, qid_o, qoff_o, phy_o, sys_o, ts_o, crc_o, tag_o, tag_bad, tid_o,
             slot, t_pos, t_len, t_hash, t_first,
-            k_rec, k_pos, k_len, k_h, k_bad, zcrc):
+            k_rec, k_pos, k_len, k_h, k_bad, zcrc, zmin):
     """Fill the per-record outputs for records ``i0..n`` and the key outputs from ``nk0``
     (topic table from ``nt0``). Returns (status, next record, keys, topics): DONE, or
     KEYS_FULL (grow the key arrays and call again from that record), or a FALLBACK."""
@@ -281,7 +260,7 @@ def records(b, starts, n, i0, nk0, nt0, check_crc, want_keys, g, tab, T, tags, k
                         a = q + 1
         ok = True
         if check_crc and blen > 0:
-            if zcrc is not None and blen >= ZLIB_MIN:
+            if zcrc is not None and blen >= zmin:  # format/crc.native_crc32
                 c = np.int64(zcrc(0, b.ctypes.data + pos + fixed, blen))
             else:
                 c = _crc32(b, pos + fixed, blen, T)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..format.crc import native_crc32
 from ..format.hashing import java_hash, pow31, signed_int32, span_hash
 from ..format.rules import SCHEDULE_TOPIC
 from .records import _stop_at, columns
@@ -90,7 +91,7 @@ def _load():
             g, tab = K.geometry()
             _kernels = (K, g, tab, K.crc_tables(), np.frombuffer(b"TAGS", np.uint8),
                         np.frombuffer(b"KEYS", np.uint8), np.frombuffer(b"UNIQ_KEY", np.uint8),
-                        K.zlib_crc32())
+                        *native_crc32())
     return _kernels or None
 
 
@@ -109,7 +110,7 @@ def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_cr
     if loaded is None:
         used["off"] += 1
         return None
-    K, g, tab, T, tags, keys_name, uniq, zcrc = loaded
+    K, g, tab, T, tags, keys_name, uniq, zcrc, zmin = loaded
     u8 = np.frombuffer(buf, dtype=np.uint8, count=limit) if limit else np.zeros(0, np.uint8)
     starts = np.empty(max(limit - first, 0) // int(g[K.G_MIN]) + 1, np.int64)
     n, stop_pos = K.walk(u8, first, end, limit, g, starts)
@@ -130,7 +131,7 @@ def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_cr
         status, i, nk, nt = K.records(u8, starts, n, i, nk, nt, check_crc, keys, g, tab, T,
                                       tags, keys_name, uniq, size, qid, qoff, phy, sysf, ts,
                                       crc_ok, code, tag_bad, tid, slot, t_pos, t_len, t_hash,
-                                      t_first, kr, kp, kl, kh, kb, zcrc)
+                                      t_first, kr, kp, kl, kh, kb, zcrc, zmin)
         if status != K.KEYS_FULL:
             break
         cap *= 2
