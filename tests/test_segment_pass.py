@@ -296,3 +296,45 @@ def test_a_field_the_pass_does_not_make_sends_it_to_numpy(monkeypatch):
     assert segment_pass.used["kernel"] == before.get("kernel", 0)
     assert segment_pass.used["fallback: lmq_queues"] == 0
     assert segment_pass.used["fallback: fields lmq_queues"] == before.get("fallback: fields lmq_queues", 0) + 1
+
+
+def _dledger_folders():
+    out = sorted(p.parent.parent for p in FIXTURES.glob("rocketmq-*-dledger/*/dledger-*/data"))
+    return out or [pytest.param(None, marks=pytest.mark.skip(reason=NO_FIXTURES))]
+
+
+def _dledger_scan(root: Path):
+    from rmqstore.files.config import load_config
+    from rmqstore.files.dledger import ledger_for
+    from rmqstore.scan.dledger_scan import dledger_scan
+
+    return dledger_scan(ledger_for(load_config(root)))
+
+
+@pytest.mark.parametrize("damage", [False, True], ids=["as written", "damaged"])
+@pytest.mark.parametrize("root", _dledger_folders(),
+                         ids=lambda p: "/".join(p.parts[-2:]) if p else "none")
+def test_dledger_records_through_the_pass_equal_numpy(root: Path, damage: bool, tmp_path,
+                                                      monkeypatch):
+    # DLedger's entries give the record starts (scan/dledger_scan); the compiled pass then
+    # does what numpy does for them: every field equal, per data file, good and bad alike.
+    if damage:
+        from conftest import copy_store
+
+        root = copy_store(root, tmp_path / "s")
+        data = sorted(root.glob("dledger-*/data/*"))[0]
+        b = bytearray(data.read_bytes())
+        b[48 + 300] ^= 0xFF          # a byte of the first record's body or properties
+        first_size = int.from_bytes(b[48:52], "big")
+        second = 48 + first_size + 48  # the second record: entry header, then its TOTALSIZE
+        b[second + 2] ^= 0x01          # fails its frame (TOTALSIZE != entry body size)
+        data.write_bytes(bytes(b))
+    ref, got, ran = both(lambda: _dledger_scan(root), monkeypatch)
+    assert ran
+    assert len(ref.parts) == len(got.parts) and sum(map(len, ref.parts)) > 0
+    for a, b in zip(ref.parts, got.parts):
+        assert_same(a, b)
+    assert [(x.offset, x.why) for x in ref.bad] == [(x.offset, x.why) for x in got.bad]
+    assert ref.damaged == got.damaged
+    if damage:
+        assert len(got.bad) == 1 and len(got.damaged) + len(got.bad) >= 1

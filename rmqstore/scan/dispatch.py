@@ -195,6 +195,24 @@ def _walk_fill(buf, first: int, end: int, limit: int, base: int, check_crc: bool
                  check_crc, delay_millis, keys)
 
 
+def fill_at(out: SegmentDispatch, u8: np.ndarray, starts: np.ndarray, check_crc: bool,
+            delay_millis, keys: bool) -> SegmentDispatch:
+    """``out`` filled for the records at ``starts`` (positions in ``u8``, of whole records
+    that pass the §3.9 size rule, found by another framing: DLedger's entries): in one
+    compiled pass when :mod:`rmqstore.scan.segment_pass` can, else by :func:`fill_dispatch`
+    (numpy, which defines it)."""
+    from . import segment_pass
+
+    fast = segment_pass.dispatch_at(
+        u8, starts, out.start, check_crc=check_crc, keys=keys,
+        delay_codes=functools.partial(_kernel_delay_codes, delay_millis=delay_millis))
+    if fast is None:
+        return fill_dispatch(out, columns(u8, starts, out.start), check_crc, delay_millis, keys)
+    for name, value in fast.items():
+        setattr(out, name, value)
+    return out
+
+
 def fill_dispatch(out: SegmentDispatch, cols: RecordColumns, check_crc: bool, delay_millis,
                   keys: bool) -> SegmentDispatch:
     """``out`` filled with what dispatch and verify need of the records ``cols`` (any

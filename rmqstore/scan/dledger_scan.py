@@ -6,8 +6,8 @@ ConsumeQueue and IndexFile checks and rebuild's writers run on it unchanged.
 Only the framing differs: the entry chain (:meth:`rmqstore.files.dledger.DLedgerLog.runs`)
 gives every record start position (entry pos + 48) and where the log ends; the columns,
 the §3.9 checks, the CRC and what dispatch derives are the plain scan's
-(:func:`~rmqstore.scan.dispatch.fill_dispatch`). A record that fails its frame (TOTALSIZE
-!= body size, not a message magic, PHYSICALOFFSET != pos + 48) or the §3.9 size rule is
+(:func:`~rmqstore.scan.dispatch.fill_at`: the compiled pass, or numpy). A record that fails
+its frame (TOTALSIZE != body size, not a message magic, PHYSICALOFFSET != pos + 48) or the §3.9 size rule is
 left out of the parts and listed in :attr:`DLedgerScan.bad`: the entry framing gives the
 next record exactly, so nothing after it is lost. A body failing its CRC stays (``damaged``),
 as in the plain scan.
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..files.ends import ValidEnd
-from .dispatch import SegmentDispatch, StoreScan, fill_dispatch
+from .dispatch import SegmentDispatch, StoreScan, fill_at
 from .records import columns, consistent
 
 
@@ -73,17 +73,17 @@ def dledger_scan(log, *, check_crc: bool = True, delay_millis=None,
         last = run.start + (int(run.entry_pos[-1] + run.size[-1]) if len(run) else 0)
         out = SegmentDispatch(run.start, limit, last, "end")
         if len(run):
-            cols = columns(run.u8, run.record_pos, run.start)
             frame = run.record_ok()
-            fits = consistent(cols)
+            fits = consistent(columns(run.u8, run.record_pos, run.start))
             ok = frame & fits
+            starts = run.record_pos
             if not ok.all():
                 for i in np.flatnonzero(~ok).tolist():
                     p = int(run.record_pos[i])
                     bad.append(BadRecord(run.start + p, str(run.path), p,
                                          _why(bool(frame[i]), bool(fits[i]))))
-                cols = cols.take(np.flatnonzero(ok))
-            fill_dispatch(out, cols, check_crc, delay_millis, keys)
+                starts = starts[ok]
+            fill_at(out, run.u8, starts, check_crc, delay_millis, keys)
             if len(out):
                 damaged.extend(out.offset[~out.crc_ok].tolist())
         parts.append(out)

@@ -110,13 +110,43 @@ def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_cr
     if loaded is None:
         used["off"] += 1
         return None
-    K, g, tab, T, tags, keys_name, uniq, zcrc, zmin = loaded
+    K, g = loaded[0], loaded[1]
     u8 = np.frombuffer(buf, dtype=np.uint8, count=limit) if limit else np.zeros(0, np.uint8)
     starts = np.empty(max(limit - first, 0) // int(g[K.G_MIN]) + 1, np.int64)
     n, stop_pos = K.walk(u8, first, end, limit, g, starts)
     if n == 0:
         return _fallback("no records")
-    starts = starts[:n]  # a view: the unused tail was never touched, so never mapped
+    # a view: the unused tail was never touched, so never mapped; made absolute in place
+    out = _dispatch_at(loaded, u8, starts[:n], base, check_crc, keys, delay_codes)
+    if out is None:
+        return None
+    out.update(chain_end=base + int(stop_pos), stop=_stop_at(buf, int(stop_pos), end, limit))
+    assert out.keys() == FIELDS
+    used["kernel"] += 1
+    return out
+
+
+def dispatch_at(u8: np.ndarray, starts: np.ndarray, base: int, *, check_crc: bool, keys: bool,
+                delay_codes=None) -> dict | None:
+    """:func:`dispatch_range`'s fields but ``chain_end`` and ``stop`` for records at
+    ``starts`` (positions in ``u8`` of whole records that pass the §3.9 size rule: another
+    framing found them, DLedger's entries), or None: take the numpy path."""
+    loaded = _load()
+    if loaded is None:
+        used["off"] += 1
+        return None
+    if not len(starts):
+        return _fallback("no records")
+    out = _dispatch_at(loaded, u8, np.array(starts, np.int64), base, check_crc, keys, delay_codes)
+    if out is not None:
+        used["kernel"] += 1
+    return out
+
+
+def _dispatch_at(loaded, u8, starts, base, check_crc, keys, delay_codes) -> dict | None:
+    """The compiled pass over the records at ``starts`` (which it makes absolute)."""
+    K, g, tab, T, tags, keys_name, uniq, zcrc, zmin = loaded
+    n = len(starts)
     i64 = [np.empty(n, np.int64) for _ in range(7)]
     size, qid, qoff, phy, sysf, ts, code = i64
     crc_ok, tag_bad, tid = np.empty(n, bool), np.empty(n, bool), np.empty(n, np.int64)
@@ -159,8 +189,7 @@ def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_cr
     offset += base
     out = dict(offset=offset, size=size, consistent=np.ones(n, bool), crc_ok=crc_ok,
                queue_id=qid, queue_offset=qoff, physical_offset=phy, sys_flag=sysf,
-               store_timestamp=ts, topics=names, topic_id=tid, tags_code=code,
-               chain_end=base + int(stop_pos), stop=_stop_at(buf, int(stop_pos), end, limit))
+               store_timestamp=ts, topics=names, topic_id=tid, tags_code=code)
     if not keys:
         out["key_record"] = out["key_hash"] = np.zeros(0, np.int64)
     else:
@@ -173,8 +202,6 @@ def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_cr
         pw = pow31(int(units.max()) + 1 if nk else 1)
         out["key_record"] = kr
         out["key_hash"] = K.index_hashes(th, tid, kr, kh, units, pw)
-    assert out.keys() == FIELDS
-    used["kernel"] += 1
     return out
 
 
