@@ -204,3 +204,72 @@ def test_the_send_context_adds_msg_region_and_trace_on():
     assert with_ctx.properties_text.startswith("MSG_REGION\x01DefaultRegion\x02")
     assert with_ctx.properties_text.endswith("TRACE_ON\x01true\x02")
     assert "MSG_REGION" not in without.properties_text and "TRACE_ON" not in without.properties_text
+
+
+# --- BatchCQ topics and LMQ (design-14 §4, §5; T7) ------------------------------------------
+
+
+def _given_5x(s: dict):
+    """The stored message minus what the 5.x store adds: INNER_BASE (an inner batch's queue
+    offset) and INNER_MULTI_QUEUE_OFFSET (LMQ), design-14 §10 T7."""
+    from rmqstore.format.message import parse_properties, serialize_properties
+
+    m = _given(s)
+    props = parse_properties(m.properties_text or "")
+    for name in ("INNER_BASE", "INNER_MULTI_QUEUE_OFFSET"):
+        if name in props:
+            del props[name]
+            m.properties_text = serialize_properties(props, True)
+    return m
+
+
+def _config_5x(man: dict):
+    sc = man["storeConfig"]
+    return _config(man).with_values(
+        enable_lmq=sc["enableLmq"], enable_multi_dispatch=sc["enableMultiDispatch"],
+        mapper_file_size_batch_consume_queue=sc["mapperFileSizeBatchConsumeQueue"])
+
+
+def _new_store(scenario: str, root):
+    """An empty store root holding the fixture's config/topics.json (the queue types)."""
+    root.mkdir(parents=True)
+    if (R5 / scenario / "config").is_dir():
+        (root / "config").mkdir()
+        for p in (R5 / scenario / "config").iterdir():
+            (root / "config" / p.name).write_bytes(p.read_bytes())
+
+
+def _replay_5x(scenario: str, root) -> dict:
+    man = _manifest(scenario)
+    _new_store(scenario, root)
+    with MessageStore.open(root, _config_5x(man), create=True) as st:
+        for group in put_groups(man["messages"]):
+            if "batchRequest" in group[0]["request"]:
+                results = st.put_batch([_given_5x(x["stored"]) for x in group])
+            else:
+                results = [st.put(_given_5x(group[0]["stored"]))]
+            for r, x in zip(results, group):
+                s = x["stored"]
+                assert r.ok, (x["index"], r)
+                assert (r.offset, r.size, r.queue_offset, r.msg_id) == (
+                    s["phyOffset"], s["storeSize"], s["queueOffset"], s["msgId"]), x["index"]
+    return man
+
+
+@pytest.mark.parametrize("scenario", ["batch-cq", "lmq"])
+def test_engine_reproduces_rocketmq_533_batch_cq_and_lmq(scenario, tmp_path):
+    root = tmp_path / "store"
+    man = _replay_5x(scenario, root)
+    ref = R5 / scenario
+    mine, theirs = _files(root, "commitlog"), _files(ref, "commitlog")
+    assert sorted(mine) == sorted(theirs)
+    for name in theirs:
+        assert mine[name] == theirs[name], f"commitlog/{name} differs"
+    assert _files(root, "consumequeue") == _files(ref, "consumequeue")
+    assert _files(root, "batchconsumequeue") == _files(ref, "batchconsumequeue")
+    assert list(_files(root, "index").values()) == list(_files(ref, "index").values())
+    mine_cp = struct.unpack(">5q", (root / "checkpoint").read_bytes()[:40])
+    want = man["checkpoint"]
+    assert mine_cp[1:] == (want["logicsMsgTimestamp"], want["indexMsgTimestamp"],
+                           want["masterFlushedOffset"], want["confirmPhyOffset"])
+    assert not (root / "abort").exists()

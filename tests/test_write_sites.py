@@ -28,6 +28,8 @@ REVIEWED = {
     # Writer engine: files it creates itself, inside the store it holds the lock of.
     ("ConsumeQueueWriter.__init__", "unlink"): "a queue file it created, on ENOSPC",
     ("ConsumeQueueWriter._fd", "ftruncate"): "sizes a new queue file (a hole, §2)",
+    ("BatchConsumeQueueWriter._fd", "ftruncate"): "sizes a new BatchConsumeQueue file (a "
+                                                  "hole); only ever extends",
     ("IndexFile.__init__", "ftruncate"): "sizes a new IndexFile (a hole)",
     ("IndexFile.__init__", "unlink"): "an IndexFile it created, on ENOSPC",
     ("SegmentQueue.delete_from", "unlink"): "segments after the end, refused unless empty "

@@ -29,7 +29,7 @@ from ..format import layout as L
 from ..format.crc import BODY_CRC_MASK, crc32, prop_crc_entry, record_prop_crc
 from ..format.message import Message, offset_msg_id, offset_msg_id_prefix
 from ..format.record import pack_head, topic_field
-from ..format.rules import NO_QUEUE_OFFSET_BIT, advances_queue_offset, magic_for, topic_field_refusal
+from ..format.rules import NO_QUEUE_OFFSET_BIT, magic_for, queue_offset_advance, topic_field_refusal
 from .prepare import FAST_PROPS_MAX, Prepared, topic_length_refusal
 from .results import Appended, PutResult, PutStatus, put_ok
 
@@ -74,6 +74,9 @@ class CommitLogAppender:
         self.queue = queue
         self.size = config.mapped_file_size_commit_log
         self.queue_offsets: dict[tuple[str, int], int] = dict(queue_offsets or {})
+        # RocketMQ 5.x BatchCQ topics (the store sets them): an inner batch advances its
+        # queue's offset by INNER_NUM (design-14 §4.2).
+        self.batch_topics: frozenset = frozenset()
         self.lock = threading.RLock()
         self.preallocate = preallocate
         # A record written whose dispatch then hit a full disk is still put (as in the
@@ -184,11 +187,17 @@ class CommitLogAppender:
 
     # --- append --------------------------------------------------------------------------
 
-    def _next_queue_offset(self, p: Prepared) -> tuple[tuple[str, int], int, bool]:
+    def _next_queue_offset(self, p: Prepared) -> tuple[tuple[str, int], int, int]:
+        """(queue key, the record's QUEUEOFFSET, how far the counter then moves)."""
         key = (p.msg.topic, p.msg.queue_id)
-        if not advances_queue_offset(p.sys_flag):
-            return key, 0, False  # PREPARED / ROLLBACK: 0, and no advance (spec §3.2)
-        return key, self.queue_offsets.get(key, 0), True
+        advance = queue_offset_advance(p.sys_flag, p.properties, p.msg.topic in self.batch_topics)
+        if not advance:
+            return key, 0, 0  # PREPARED / ROLLBACK: 0, and no advance (spec §3.2)
+        return key, self.queue_offsets.get(key, 0), advance
+
+    def next_queue_offset(self, topic: str, queue_id: int) -> int:
+        """The queue offset the next record of (topic, queueId) gets (caller holds the lock)."""
+        return self.queue_offsets.get((topic, queue_id), 0)
 
     def _encode(self, p: Prepared, phys: int, queue_offset: int, store_ts: int) -> bytes:
         m = p.msg
@@ -225,7 +234,7 @@ class CommitLogAppender:
         data = self._encode(p, phys, qoff, store_ts)
         self.place(data, p.total)
         if advance:
-            self.queue_offsets[key] = qoff + 1
+            self.queue_offsets[key] = qoff + advance
         self.last_store_timestamp = store_ts
         result = PutResult(PutStatus.PUT_OK, phys, p.total, qoff, store_ts,
                            offset_msg_id(m.store_host, phys))
@@ -253,7 +262,7 @@ class CommitLogAppender:
             if advance:
                 if key not in before:
                     before[key] = counters.get(key)
-                counters[key] = qoff + 1
+                counters[key] = qoff + advance
             results.append(PutResult(PutStatus.PUT_OK, phys, p.total, qoff, ts,
                                      offset_msg_id(m.store_host, phys)))
             appended.append(Appended(phys, p.total, m.topic, m.queue_id, qoff, p.sys_flag, ts,

@@ -25,7 +25,7 @@ from typing import Any
 from ..format import layout as L
 from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit
 from ..format.message import Host, Message, parse_properties
-from ..format.hashing import java_hash
+from ..format.hashing import hashmap_order, java_hash  # noqa: F401 - hashmap_order: its home moved to format
 from ..format.rules import java_length
 from ..files.config import StoreConfig
 from ..errors import InputError
@@ -158,27 +158,7 @@ def new_uniq_key(ip: bytes, now: int) -> str:
                      next(_counter))
 
 
-# --- Java HashMap iteration order (spec §14.3) -------------------------------------------
-
-
-def hashmap_order(keys: list[str], initial_capacity: int = 16, max_size: int | None = None) -> list[str]:
-    """``keys`` (insertion order) in the iteration order of a Java HashMap holding them.
-
-    The capacity doubles while the largest size the map reached exceeds 0.75 x capacity;
-    within a bucket, insertion order holds (no treeified bins below 8 per bucket).
-    """
-    cap = 1
-    while cap < initial_capacity:
-        cap <<= 1
-    size = max(len(keys), max_size or 0)
-    while size > cap * 3 // 4:
-        cap <<= 1
-
-    def bucket(k: str) -> int:
-        h = java_hash(k) & 0xFFFFFFFF
-        return (h ^ (h >> 16)) & (cap - 1)
-
-    return [k for _, _, k in sorted((bucket(k), i, k) for i, k in enumerate(keys))]
+# --- the broker's serialisation (Java HashMap order: format.hashing.hashmap_order) ----------
 
 
 def _serialize(props: dict[str, str], order: list[str], trailing: bool) -> str:

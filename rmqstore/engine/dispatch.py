@@ -28,8 +28,10 @@ import numpy as np
 
 from ..format import layout as L
 from .append import Appended
-from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit, gets_index_keys, tags_hash
+from ..format.rules import (SCHEDULE_TOPIC, bcq_base_and_num, gets_cq_unit, gets_index_keys,
+                            lmq_targets, tags_hash)
 from ..format.message import parse_properties
+from ..files.batchconsumequeue import FOLDER as BCQ_FOLDER, BatchConsumeQueueWriter
 from ..files.consumequeue_writer import ConsumeQueueWriter
 from ..format.hashing import index_hashes, token_hash
 from ..files.names import queue_dir
@@ -57,6 +59,47 @@ class Dispatcher(IndexKeys):
         self._tags: dict[str, int] = {}
         self.dispatched = 0  # records handled
         self.logics_timestamp = 0
+        # RocketMQ 5.x queue kinds (configure_5x): BatchCQ topics, LMQ multi-dispatch.
+        self._special = False
+        self._bcq_writers: dict[tuple[str, int], BatchConsumeQueueWriter] = {}
+        self.batch_topics: frozenset = frozenset()
+        self.multi_dispatch = self.enable_lmq = False
+        self.bcq_file_size = config.mapper_file_size_batch_consume_queue
+
+    def configure_5x(self, kinds) -> None:
+        """Dispatch as a 5.x broker whose store has ``kinds``
+        (:class:`~rmqstore.engine.load.QueueKinds`): records of BatchCQ topics get a
+        BatchConsumeQueue unit instead of a ConsumeQueue unit (design-14 §4.2), records
+        LMQ dispatches get their ``%LMQ%`` units after their own (§5.2). Such a store takes
+        the per-record path everywhere (the bulk forms below hand over to it)."""
+        self.batch_topics = kinds.batch_topics
+        self.multi_dispatch, self.enable_lmq = kinds.multi_dispatch, kinds.enable_lmq
+        if kinds.bcq_file_size:
+            self.bcq_file_size = kinds.bcq_file_size
+        self._special = kinds.any
+        if self._special:
+            self.dispatch_record = self._dispatch_record  # no inline 4.x fast path
+
+    def _units_5x(self, topic: str, queue_id: int, queue_offset: int, offset: int, size: int,
+                  code: int, store_timestamp: int, props) -> None:
+        """The queue units of one record of a 5.x store (gets_cq_unit already true)."""
+        if topic in self.batch_topics:
+            base, num = bcq_base_and_num(props, queue_offset)
+            w = self._bcq_writers.get((topic, queue_id))
+            if w is None:
+                w = self._bcq_writers[(topic, queue_id)] = BatchConsumeQueueWriter(
+                    queue_dir(self.root / BCQ_FOLDER, topic, queue_id,
+                              where=self.root / "commitlog", offset=offset),
+                    self.bcq_file_size)
+            if w.put(offset, size, code, store_timestamp, base, num):
+                self.logics_timestamp = store_timestamp
+            return  # no LMQ dispatch from a BatchConsumeQueue (design-14 §4.2)
+        if self._writer(topic, queue_id, offset).put(queue_offset, offset, size, code):
+            self.logics_timestamp = store_timestamp
+        if self.multi_dispatch:
+            for name, qid, at in lmq_targets(topic, props, queue_id, enable_lmq=self.enable_lmq):
+                if self._writer(name, qid, offset).put(at, offset, size, code):
+                    self.logics_timestamp = store_timestamp
 
     def _writer(self, topic: str, queue_id: int, offset: int | None = None) -> ConsumeQueueWriter:
         w = self._writers.get((topic, queue_id))
@@ -103,7 +146,10 @@ class Dispatcher(IndexKeys):
         props = a.properties
         if gets_cq_unit(a.sys_flag):
             code = self._tags_code(a.topic, props, a.store_timestamp)
-            if self._writer(a.topic, a.queue_id, a.offset).put(a.queue_offset, a.offset, a.size, code):
+            if self._special:
+                self._units_5x(a.topic, a.queue_id, a.queue_offset, a.offset, a.size, code,
+                               a.store_timestamp, props)
+            elif self._writer(a.topic, a.queue_id, a.offset).put(a.queue_offset, a.offset, a.size, code):
                 self.logics_timestamp = a.store_timestamp
         if self.index is not None:
             # IndexService applies the §7.3 rules (endPhyOffset skip, ROLLBACK) itself.
@@ -200,11 +246,15 @@ class Dispatcher(IndexKeys):
                     code = self._tags_code(topic, props, store_timestamp)
             else:
                 code = 0
-            w = self._writers.get((topic, queue_id))
-            if w is None:
-                w = self._writer(topic, queue_id)
-            if w.put(queue_offset, offset, size, code):
-                self.logics_timestamp = store_timestamp
+            if self._special:
+                self._units_5x(topic, queue_id, queue_offset, offset, size, code,
+                               store_timestamp, props)
+            else:
+                w = self._writers.get((topic, queue_id))
+                if w is None:
+                    w = self._writer(topic, queue_id)
+                if w.put(queue_offset, offset, size, code):
+                    self.logics_timestamp = store_timestamp
         index = self.index
         if index is not None:
             files = self._index_files(index)
@@ -235,7 +285,7 @@ class Dispatcher(IndexKeys):
         the numbers; ``props`` None means parse ``texts``). Same bytes as one by one."""
         self.settle_index()
         n = len(topics)
-        if n < 16:
+        if n < 16 or self._special:  # (a 5.x store's queue kinds: per record)
             for i in range(n):
                 self.dispatch_record(topics[i], int(queue_ids[i]), int(queue_offsets[i]),
                                      int(offsets[i]), int(sizes[i]), int(sys_flags[i]),
@@ -316,7 +366,7 @@ class Dispatcher(IndexKeys):
         """:meth:`dispatch` for records in CommitLog order, vectorised: CQ units go to
         each queue with one bulk write, index keys are hashed together (same bytes)."""
         self.settle_index()
-        if len(records) < 32:
+        if len(records) < 32 or self._special:  # (a 5.x store's queue kinds: per record)
             for a in records:
                 self.dispatch(a)
             return
@@ -390,12 +440,12 @@ class Dispatcher(IndexKeys):
     def flush_queues(self, least_pages: int = 0) -> None:
         """Sync the ConsumeQueue files (see ConsumeQueueWriter.flush); the logics flush
         thread calls this while writers go on."""
-        for w in list(self._writers.values()):
+        for w in list(self._writers.values()) + list(self._bcq_writers.values()):
             w.flush(least_pages)
 
     def flush(self) -> None:
         self.settle_index()
-        for w in self._writers.values():
+        for w in list(self._writers.values()) + list(self._bcq_writers.values()):
             w.flush()
         if self.index is not None and hasattr(self.index, "flush"):
             self.index.flush()
@@ -407,9 +457,9 @@ class Dispatcher(IndexKeys):
     def release(self) -> None:
         """Close the files without writing the index keys still waiting (after an I/O
         error; the next open re-dispatches them)."""
-        for w in self._writers.values():
+        for w in list(self._writers.values()) + list(self._bcq_writers.values()):
             w.close()
-        self._writers = {}
+        self._writers, self._bcq_writers = {}, {}
         if self.index is not None:
             self.index.close()
 

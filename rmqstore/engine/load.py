@@ -15,7 +15,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import OffsetError, RecordError, RefusedError
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError, OffsetError, RecordError, RefusedError
 from ..files.commitlog import Check, CommitLog, ScanEnd
 from ..files.config import StoreConfig
 from ..files.index import IndexFile, IndexGeometry, list_index_files
@@ -38,8 +40,80 @@ def _zeros_at(queue: SegmentQueue, offset: int) -> bool:
         os.close(fd)
 
 
-def survey(cfg: StoreConfig, queue: SegmentQueue, geometry: IndexGeometry, was_clean: bool
-           ) -> tuple[ScanEnd | None, dict, int]:
+@dataclass(frozen=True)
+class QueueKinds:
+    """What the 5.x writer does beyond ConsumeQueues (design-14 §4, §5): the BatchCQ topics,
+    whether LMQ multi-dispatch writes ``%LMQ%`` units, whether the store wraps LMQ
+    messages (enableLmq), and the BatchConsumeQueue file size."""
+
+    batch_topics: frozenset = field(default_factory=frozenset)
+    multi_dispatch: bool = False
+    enable_lmq: bool = False
+    bcq_file_size: int | None = None
+
+    @property
+    def any(self) -> bool:
+        return bool(self.batch_topics) or self.multi_dispatch or self.enable_lmq
+
+
+def queue_kinds(cfg: StoreConfig) -> QueueKinds:
+    """The queue kinds the writer follows, from the files first (spec: files are the truth):
+    a topic is BatchCQ when ``batchconsumequeue/<topic>/`` exists or ``config/topics.json``
+    says ``queue.type=BatchCQ``; the two disagreeing, or a topic with both a ConsumeQueue and
+    a BatchConsumeQueue directory, is refused (one kind of queue per topic, never a second).
+    LMQ: on when ``consumequeue/%LMQ%*`` exists (a broker.conf saying
+    enableMultiDispatch=false then is refused), else as the configuration says. 4.9
+    stores have none of it."""
+    from ..files.batchconsumequeue import FOLDER, bcq_file_size
+    from ..files.listing import entries
+    from ..format.rules import LMQ_PREFIX
+    from ..scan.dispatch_5x import topic_queue_types
+
+    if cfg.broker_version == "4.9":
+        return QueueKinds()
+    root = Path(cfg.store_path_root_dir)
+
+    def dirs(folder: str) -> set[str]:
+        d = root / folder
+        return {e.name for e in entries(d) if e.kind == "dir"} if d.is_dir() else set()
+
+    bcq_dirs, cq_dirs = dirs(FOLDER), dirs("consumequeue")
+    conf = topic_queue_types(root)
+    types = conf[1] if conf is not None else {}
+    where = f"config/{conf[0]}" if conf is not None else ""
+    for t in sorted(bcq_dirs & cq_dirs):
+        raise ConfigError(f"append refused: topic {t!r} has both consumequeue/{t}/ and "
+                          f"{FOLDER}/{t}/; one topic has one kind of queue (nothing was changed)",
+                          root)
+    batch = set(bcq_dirs)
+    for t, kind in sorted(types.items()):
+        if t in bcq_dirs and kind != "BatchCQ":
+            raise ConfigError(f"append refused: {FOLDER}/{t}/ exists but {where} gives topic "
+                              f"{t!r} queue.type={kind}; the files are the truth: fix {where} "
+                              "(nothing was changed)", root)
+        if kind == "BatchCQ":
+            if t in cq_dirs:
+                raise ConfigError(f"append refused: {where} gives topic {t!r} queue.type=BatchCQ "
+                                  f"but consumequeue/{t}/ holds its ConsumeQueues; the files are "
+                                  f"the truth: fix {where} (nothing was changed)", root)
+            batch.add(t)
+    lmq_dirs = sorted(n for n in cq_dirs if n.startswith(LMQ_PREFIX))
+    multi, enable = cfg.enable_multi_dispatch, cfg.enable_lmq
+    if lmq_dirs:
+        if cfg.sources.get("enable_multi_dispatch") not in (None, "default") and not multi:
+            raise ConfigError(f"append refused: consumequeue/{lmq_dirs[0]}/ shows LMQ dispatch "
+                              "but the configuration says enableMultiDispatch=false; the files "
+                              "are the truth: fix the setting (nothing was changed)", root)
+        multi = True
+        if cfg.sources.get("enable_lmq") in (None, "default"):
+            enable = True
+    size = bcq_file_size(cfg) if batch else None
+    return QueueKinds(frozenset(batch), bool(multi), bool(enable),
+                      size or cfg.mapper_file_size_batch_consume_queue)
+
+
+def survey(cfg: StoreConfig, queue: SegmentQueue, geometry: IndexGeometry, was_clean: bool,
+           kinds: QueueKinds = QueueKinds()) -> tuple[ScanEnd | None, dict, int]:
     """Everything that can refuse the store, read before anything changes, so a refused
     open leaves every byte as it was: (the end of valid data, the next queue offsets,
     the ConsumeQueues' max physical end). Refused is what a broker's recovery would not do, or would do only
@@ -59,7 +133,7 @@ def survey(cfg: StoreConfig, queue: SegmentQueue, geometry: IndexGeometry, was_c
         raise RecordError(f"commitlog segment problem: {bad[0].detail}", bad[0].path, bad[0].offset)
     found = find_end(cfg, queue, was_clean)
     end = found.offset if found is not None else 0
-    offsets, max_phy, _ = queue_state(root, cfg.cq_file_size)
+    offsets, max_phy, _ = queue_state(root, cfg.cq_file_size, kinds.bcq_file_size)
     if max_phy > end:
         raise RefusedError(f"ConsumeQueue units point past the CommitLog's end ({max_phy} > "
                            f"{end}); nothing was changed: run `rmqstore repair`, which "
@@ -102,7 +176,7 @@ def find_end(cfg: StoreConfig, queue: SegmentQueue, was_clean: bool) -> ScanEnd 
 
 
 def catch_up(cfg: StoreConfig, queue: SegmentQueue, dispatcher, end: int, max_phy: int,
-             was_clean: bool, offsets: dict) -> dict:
+             was_clean: bool, offsets: dict, kinds: QueueKinds = QueueKinds()) -> dict:
     """Re-dispatch the records in ``[max(max_phy, queue start), end)`` the queues lack,
     after a crash from where index keys may have been waiting; returns the next queue
     offsets (``offsets`` when nothing was re-dispatched)."""
@@ -123,7 +197,7 @@ def catch_up(cfg: StoreConfig, queue: SegmentQueue, dispatcher, end: int, max_ph
                     reput_from = max(queue.min_offset, min(reput_from, behind))
             if reput_from < end:
                 dispatcher.dispatch_log(log_view, reput_from, end)
-            offsets, _, last = queue_state(root, cfg.cq_file_size)
+            offsets, _, last = queue_state(root, cfg.cq_file_size, kinds.bcq_file_size)
             if not was_clean and last is not None:
                 # The broker's abnormal recovery re-dispatches every record from its
                 # start segment (spec §10.3), and each CQ write sets logicsMsgTimestamp,

@@ -14,13 +14,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..files.batchconsumequeue import BatchConsumeQueue, list_batch_queues
 from ..files.consumequeue import ConsumeQueue, list_queues
 
 
-def queue_state(root: Path, cq_file_size: int
+def queue_state(root: Path, cq_file_size: int, bcq_file_size: int | None = None
                 ) -> tuple[dict[tuple[str, int], int], int, int | None]:
     """(next queue offset per (topic, queueId), max physical end over all queues, CommitLog
-    offset of the record whose unit ends there); max end -1 and None with no units."""
+    offset of the record whose unit ends there); max end -1 and None with no units.
+    BatchConsumeQueues (5.x) count too: their next offset is the last unit's base +
+    batchNum (design-14 §4.2); LMQ queues are ConsumeQueues ``(%LMQ%name, 0)``, so their
+    offsets come back with the others (§5.4)."""
     offsets: dict[tuple[str, int], int] = {}
     max_phy, last = -1, None
     for ref in list_queues(root).queues:
@@ -28,6 +32,12 @@ def queue_state(root: Path, cq_file_size: int
             offsets[(ref.topic, ref.queue_id)] = cq.max_offset
             if cq.max_physic_offset > max_phy:
                 max_phy, last = cq.max_physic_offset, cq.last_unit_offset
+    if (Path(root) / "batchconsumequeue").is_dir():
+        for ref in list_batch_queues(root).queues:
+            with BatchConsumeQueue(ref.path, bcq_file_size) as q:
+                offsets[(ref.topic, ref.queue_id)] = q.max_offset
+                if q.max_physic_end > max_phy:
+                    max_phy, last = q.max_physic_end, q.last_unit_offset
     return offsets, max_phy, last
 
 

@@ -20,6 +20,7 @@ trailing property separator, magic v2 for long topics, and the checkpoint length
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from pathlib import Path
@@ -38,7 +39,7 @@ from .append import CommitLogAppender
 from .dispatch import Dispatcher
 from .dispatch_modes import DISPATCH_MODES, BackgroundDispatcher, hooks
 from .flush import FlushService, TransientPool
-from .load import catch_up, survey
+from .load import catch_up, queue_kinds, survey
 from .logics_flush import LogicsFlushService
 from .message_batch import MessageBatch
 from .prepare import prepare
@@ -114,9 +115,10 @@ class MessageStore:
         self._cp_version = "5.x" if self.v5 else "4.9"
         size = cfg.mapped_file_size_commit_log
         geometry = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
+        kinds = queue_kinds(cfg)  # BatchCQ topics, LMQ (5.x); refuses before any change
         queue = SegmentQueue(cfg.commit_log_dirs, size, writable=True, kind="commitlog")
         try:
-            found, offsets, max_phy = survey(cfg, queue, geometry, self.was_clean)
+            found, offsets, max_phy = survey(cfg, queue, geometry, self.was_clean, kinds)
         except BaseException:
             queue.close()
             raise
@@ -143,8 +145,11 @@ class MessageStore:
             if cfg.message_index_enable else None
         self.dispatcher = Dispatcher(cfg, index=index)
         self.dispatcher.logics_timestamp = self.checkpoint.logics_msg_timestamp
+        self.dispatcher.configure_5x(kinds)
+        self.kinds = kinds
 
-        offsets = catch_up(cfg, queue, self.dispatcher, end, max_phy, self.was_clean, offsets)
+        offsets = catch_up(cfg, queue, self.dispatcher, end, max_phy, self.was_clean, offsets,
+                           kinds)
 
         self.pool = TransientPool(size, cfg.transient_store_pool_size) \
             if cfg.transient_store_pool_enable else None
@@ -152,6 +157,7 @@ class MessageStore:
             cfg, queue, end, offsets,
             buffer_for=self.pool.buffer_for if self.pool else None,
             on_dispatch_error=self._failed)
+        self.appender.batch_topics = kinds.batch_topics
         # The confirm offset (5.x, spec §8.1): recovery sets it to the start of the last
         # valid record (§10.2, §10.3) and a close persists it; appends in plain mode leave
         # it alone, so a store written in one run keeps the 0 it was created with (as
@@ -178,7 +184,9 @@ class MessageStore:
         # A record with a property CRC is signed once its offsets are known (spec §3.8):
         # only the general encoder does that, so the fast and columnar paths step aside.
         self._prop_crc = cfg.enabled_append_prop_crc
-        if self._prop_crc:
+        if self._prop_crc or kinds.any:
+            # Also a store with BatchCQ topics or LMQ: what the store adds to a message
+            # (INNER_BASE, INNER_MULTI_QUEUE_OFFSET) is added under the lock by _put_5x.
             self._put_message = _declined
         if not self._sync_flush:
             self.put = self._quick_put()
@@ -222,12 +230,75 @@ class MessageStore:
     def _put_general(self, msg: Message, stamp: bool) -> PutResult:
         """A message the fast path declined: refused (its status), or unusual (magic
         v2, long properties) and appended the general way."""
+        if self.kinds.any:
+            return self._put_5x(msg, stamp)
         p = prepare(msg, self.config)
         if isinstance(p, PutResult):
             return p
         a = self.appender
         with a.lock:
             result, record = a.append(p, stamp=stamp)
+            try:
+                self._after([record])
+            except StoreIOError as e:
+                self._failed(e)  # the record is written: it is put, the store stops
+        return result
+
+    def _put_5x(self, msg: Message, stamp: bool) -> PutResult:
+        """One message into a store with BatchCQ topics or LMQ (design-14 §4.2, §5.1): the
+        inner-batch checks of ``DefaultMessageStore``, then under the append lock what the
+        store adds to the message's properties (an inner batch's INNER_BASE = its queue
+        offset; an LMQ message's INNER_MULTI_QUEUE_OFFSET, WAIT put again), the text
+        re-serialised as 5.x does, the record appended, the LMQ offsets advanced."""
+        from ..files.names import topic_problem
+        from ..format.message import parse_properties
+        from ..format.rules import (INNER_BASE, INNER_MULTI_DISPATCH, INNER_MULTI_QUEUE_OFFSET,
+                                    LMQ_PREFIX, WAIT, gets_inner_base, inner_batch_refusal,
+                                    java_split_comma, lmq_targets, lmq_wrap,
+                                    with_store_properties)
+
+        kinds = self.kinds
+        text = msg.properties_text
+        props = parse_properties(text) if text is not None else msg.properties
+        batch_cq = msg.topic in kinds.batch_topics
+        why = inner_batch_refusal(msg.sys_flag, props, batch_cq)
+        if why is None and not batch_cq:
+            names = props.get(INNER_MULTI_DISPATCH) or ""
+            lmq = [n for n in java_split_comma(names) if n.startswith(LMQ_PREFIX)]
+            if kinds.enable_lmq and len(set(lmq)) != len(lmq):
+                why = "INNER_MULTI_DISPATCH names an LMQ queue twice"
+            elif kinds.enable_lmq and any(topic_problem(n) and "/" not in n for n in lmq):
+                why = "INNER_MULTI_DISPATCH names an LMQ queue that cannot be a directory name"
+        if why is not None:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=why)
+        a = self.appender
+        with a.lock:
+            added, move, bump = [], (), []
+            if gets_inner_base(msg.sys_flag, batch_cq):
+                added.append((INNER_BASE, str(a.next_queue_offset(msg.topic, msg.queue_id))))
+            wrap = None if batch_cq else lmq_wrap(
+                msg.topic, props, lambda n: a.next_queue_offset(n, 0), enable_lmq=kinds.enable_lmq)
+            if wrap is not None:
+                added.append((INNER_MULTI_QUEUE_OFFSET, wrap[0]))
+                move, bump = (WAIT,), wrap[1]
+            elif not batch_cq and kinds.multi_dispatch and lmq_targets(
+                    msg.topic, props, msg.queue_id, enable_lmq=kinds.enable_lmq):
+                # Dispatch would place units at offsets the client chose: refused.
+                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=(
+                    f"{INNER_MULTI_QUEUE_OFFSET} is the store's to assign (enableLmq is off)"))
+            if added:
+                if text is None:
+                    from ..format.message import serialize_properties
+                    text = serialize_properties(msg.properties, True)
+                text = with_store_properties(text, added, move)
+                msg = dataclasses.replace(msg, properties_text=text,
+                                          properties=parse_properties(text))
+            p = prepare(msg, self.config)
+            if isinstance(p, PutResult):
+                return p
+            result, record = a.append(p, stamp=stamp)
+            for name in bump:  # updateLmqOffsets (design-14 §5.1)
+                a.queue_offsets[(name, 0)] = a.next_queue_offset(name, 0) + 1
             try:
                 self._after([record])
             except StoreIOError as e:
@@ -275,7 +346,11 @@ class MessageStore:
         return results
 
     def _put_batch(self, msgs: Sequence[Message], stamp: bool) -> list[PutResult]:
-        if len(msgs) > 1 and not self._prop_crc:
+        if self.kinds.any:
+            why = self._batch_5x_refusal(msgs)
+            if why is not None:
+                return [PutResult(PutStatus.MESSAGE_ILLEGAL, reason=why) for _ in msgs]
+        elif len(msgs) > 1 and not self._prop_crc:
             results = batch.put_messages(self.appender, msgs, stamp, self._record_many)
             if results is not None:
                 return self._flushed(results)
@@ -299,6 +374,30 @@ class MessageStore:
         self._wait_flush(results, True)
         return results
 
+    def _batch_5x_refusal(self, msgs: Sequence[Message]) -> str | None:
+        """Why a regular batch is refused in a store with BatchCQ topics or LMQ, or None:
+        an inner batch is one record of its own (put it alone), and the batch path adds
+        no INNER_MULTI_QUEUE_OFFSET (``encodeBatch`` @5.x), so a message LMQ would dispatch
+        is put alone too (design-14 §4.3, §5.1)."""
+        from ..format.message import parse_properties
+        from ..format.rules import INNER_MULTI_DISPATCH, inner_batch_refusal, lmq_targets
+
+        kinds = self.kinds
+        for m in msgs:
+            props = parse_properties(m.properties_text) if m.properties_text is not None \
+                else m.properties
+            batch_cq = m.topic in kinds.batch_topics
+            why = inner_batch_refusal(m.sys_flag, props, batch_cq)
+            if why is not None:
+                return why
+            if m.sys_flag & L.SYSFLAG_INNER_BATCH:
+                return "an inner batch is one record: put it alone, not in a batch"
+            if not batch_cq and (kinds.multi_dispatch or kinds.enable_lmq) and (
+                    props.get(INNER_MULTI_DISPATCH) or lmq_targets(
+                        m.topic, props, m.queue_id, enable_lmq=kinds.enable_lmq)):
+                return "a message LMQ dispatches is put alone, not in a batch"
+        return None
+
     def put_columns(self, columns_batch=None, /, *, stamp: bool = False, **columns):
         """:meth:`put_batch` for a batch given as columns: a
         :class:`~rmqstore.engine.message_batch.MessageBatch`, or its fields as keywords (``topic``,
@@ -311,7 +410,7 @@ class MessageStore:
         self._check_open()
         if len(columns_batch) == 0:
             return []
-        if self._prop_crc:
+        if self._prop_crc or self.kinds.any:  # (the 5.x queue kinds: the per-message rules)
             return self.put_batch(columns_batch.messages(), stamp=stamp)
         try:
             results = batch.put_columns(self.appender, columns_batch, stamp, self._columns_record)

@@ -23,6 +23,7 @@ from ..format import layout as L
 from ..format.rules import bcq_unit_ok
 from .consumequeue import QueueFiles, QueueListing, QueueProblem, first_false, list_queues
 from .listing import entries, offset_name
+from .mapped import io_error
 from .names import queue_dir
 
 FOLDER = "batchconsumequeue"
@@ -167,6 +168,13 @@ class BatchConsumeQueue(QueueFiles):
 
     last_unit_offset = max_physic_offset
 
+    @property
+    def max_physic_end(self) -> int:
+        """Where the last unit's record ends in the CommitLog (-1 when empty): what a
+        reopen's reput resumes from (a ConsumeQueue's max_physic_offset)."""
+        u = self._last()
+        return -1 if u is None else int(u["commit_log_offset"]) + int(u["size"])
+
     def min_offset(self, commit_log_min_offset: int = 0) -> int:
         """The first file's first base, pushed past units whose record lies before the
         CommitLog minimum (``correctMinOffset`` @5.x)."""
@@ -226,6 +234,86 @@ class BatchConsumeQueue(QueueFiles):
     def __len__(self) -> int:
         """Units (records), not messages: ``max_offset - min_offset()`` counts those."""
         return sum(self._used)
+
+
+class BatchConsumeQueueWriter:
+    """Appends units to one BCQ directory with the broker's write rule (design-14 §4.2,
+    ``BatchConsumeQueue#putBatchMessagePositionInfo`` @5.x): a unit whose record starts at
+    or before the last unit's record is skipped, one with a negative base or batchNum too;
+    any other goes right after the last unit (no placement by queue offset: the base says
+    which offsets it covers). Files are ``file_size`` bytes, named by their byte offset in
+    the queue's unit stream. Opening recovers the end as the broker's load does; a file
+    after that end is refused (``rmqstore repair`` deals with it), never deleted here.
+    The caller holds the store lock."""
+
+    def __init__(self, path: str | os.PathLike, file_size: int = DEFAULT_BCQ_FILE_SIZE):
+        self.path = Path(path)
+        self.file_size = file_size
+        self.per = file_size // UNIT
+        if self.per < 1:
+            raise SegmentError(f"BatchConsumeQueue file size {file_size} holds no unit", self.path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        with BatchConsumeQueue(self.path, file_size) as q:
+            beyond = [p for p in q.problems if p.code == "beyond-end"]
+            if beyond:
+                raise SegmentError(f"{beyond[0].path}: {beyond[0].detail}; run `rmqstore repair` "
+                                   "first (nothing was changed)", self.path)
+            self._start = q.segments[-1][0] if q.segments else 0
+            self._used = q._used[-1] if q.segments else 0
+            self.max_physic_offset = q.max_physic_offset
+        self._fds: dict[int, int] = {}
+
+    def _fd(self, start: int) -> int:
+
+        fd = self._fds.get(start)
+        if fd is None:
+            p = self.path / f"{start:020d}"
+            try:
+                fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except OSError as e:
+                raise io_error(e, p, "open BatchConsumeQueue file") from None
+            try:
+                if os.fstat(fd).st_size < self.file_size:
+                    os.ftruncate(fd, self.file_size)  # sparse zeros, like a fresh mmap
+            except OSError as e:
+                os.close(fd)
+                raise io_error(e, p, "size BatchConsumeQueue file") from None
+            self._fds[start] = fd
+        return fd
+
+    def put(self, commit_log_offset: int, size: int, tags_code: int, store_timestamp: int,
+            base: int, num: int) -> bool:
+        """One unit; True when written."""
+
+        if commit_log_offset <= self.max_physic_offset or base < 0 or num < 0:
+            return False
+        if self._used >= self.per:
+            self._start, self._used = self._start + self.file_size, 0
+        data = L.BCQ_UNIT_STRUCT.pack(commit_log_offset, size, tags_code, store_timestamp, base,
+                                      num, L.BCQ_COMPACTED_NONE, 0)
+        at = self._used * UNIT
+        try:
+            os.pwrite(self._fd(self._start), data, at)
+        except OSError as e:
+            raise io_error(e, self.path / f"{self._start:020d}", "write BatchConsumeQueue unit",
+                           at) from None
+        self._used += 1
+        self.max_physic_offset = commit_log_offset
+        return True
+
+    def flush(self, least_pages: int = 0) -> None:
+
+        for start, fd in list(self._fds.items()):
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                raise io_error(e, self.path / f"{start:020d}", "sync BatchConsumeQueue file") from None
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+
 
 def open_batch_consume_queue(root: str | os.PathLike, topic: str, queue_id: int,
                              file_size: int | None = None, **kw) -> BatchConsumeQueue:
@@ -308,6 +396,6 @@ def build_batch_consume_queue(path: str | os.PathLike, units: np.ndarray,
     return len(units)
 
 
-__all__ = ["bcq_file_size", "get_in_batch_queue", "BatchConsumeQueue", "BCQUnit", "list_batch_queues", "open_batch_consume_queue",
+__all__ = ["BatchConsumeQueueWriter", "bcq_file_size", "get_in_batch_queue", "BatchConsumeQueue", "BCQUnit", "list_batch_queues", "open_batch_consume_queue",
            "build_batch_consume_queue", "bcq_units", "store_file_size", "file_size_from_files",
            "DEFAULT_BCQ_FILE_SIZE", "FOLDER"]

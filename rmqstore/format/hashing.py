@@ -261,3 +261,26 @@ def index_hash_from(topic_hash: np.ndarray, key_hash: np.ndarray, key_units: np.
     prefix = (topic_hash.astype(np.uint32) * np.uint32(31) + np.uint32(ord("#"))).astype(np.uint32)
     h = (prefix * pw[key_units] + key_hash.astype(np.uint32)).astype(np.uint32)
     return index_abs_many(h)
+
+
+# --- Java HashMap iteration order (spec §14.3) -------------------------------------------
+
+
+def hashmap_order(keys: list[str], initial_capacity: int = 16, max_size: int | None = None) -> list[str]:
+    """``keys`` (insertion order) in the iteration order of a Java HashMap holding them.
+
+    The capacity doubles while the largest size the map reached exceeds 0.75 x capacity;
+    within a bucket, insertion order holds (no treeified bins below 8 per bucket).
+    """
+    cap = 1
+    while cap < initial_capacity:
+        cap <<= 1
+    size = max(len(keys), max_size or 0)
+    while size > cap * 3 // 4:
+        cap <<= 1
+
+    def bucket(k: str) -> int:
+        h = java_hash(k) & 0xFFFFFFFF
+        return (h ^ (h >> 16)) & (cap - 1)
+
+    return [k for _, _, k in sorted((bucket(k), i, k) for i, k in enumerate(keys))]

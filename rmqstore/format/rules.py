@@ -18,8 +18,8 @@ import numpy as np
 
 from ..errors import InputError
 from . import layout as L
-from .hashing import java_hash
-from .message import split_keys
+from .hashing import hashmap_order, java_hash
+from .message import parse_properties, serialize_properties, split_keys
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
@@ -216,6 +216,75 @@ def bcq_unit_ok(base, num):
     return (base >= 0) & (num > 0)
 
 
+def inner_num(properties: Mapping[str, str]) -> int | None:
+    """INNER_NUM as the store reads it (a Java short), None when absent or unparsable."""
+    return java_parse_long(properties.get(INNER_NUM), _SHORT)
+
+
+def inner_batch_refusal(sys_flag: int, properties: Mapping[str, str], batch_cq: bool) -> str | None:
+    """Why a 5.x store refuses a message for its inner-batch marks, or None
+    (``DefaultMessageStore#asyncPutMessage`` @5.x: INNER_NUM without the INNER_BATCH flag,
+    the flag on a topic that is not BatchCQ; both MESSAGE_ILLEGAL). rmqstore also refuses
+    an INNER_NUM the broker cannot parse or below 1: the broker would throw, or write a
+    unit its own recovery drops (design-14 §4.2), leaving the queue broken."""
+    inner = bool(sys_flag & L.SYSFLAG_INNER_BATCH)
+    if INNER_NUM in properties and not inner:
+        return f"{INNER_NUM} is set but sysFlag lacks the inner-batch bit (0x80)"
+    if inner and not batch_cq:
+        return "an inner batch (sysFlag 0x80) goes to a BatchCQ topic only"
+    if inner and INNER_NUM in properties:
+        n = inner_num(properties)
+        if n is None or n < 1:
+            return f"{INNER_NUM} {properties[INNER_NUM]!r} is not a count from 1 to 32767"
+    return None
+
+
+def gets_inner_base(sys_flag: int, batch_cq: bool) -> bool:
+    """Does the store add INNER_BASE (the record's queue offset) to the message's
+    properties? Inner batches of a BatchCQ topic taking a queue offset
+    (``BatchConsumeQueue#assignQueueOffset`` @5.x)."""
+    return batch_cq and bool(sys_flag & L.SYSFLAG_INNER_BATCH) and bool(advances_queue_offset(sys_flag))
+
+
+def queue_offset_advance(sys_flag: int, properties: Mapping[str, str], batch_cq: bool) -> int:
+    """How far appending the record moves its queue's offset counter (design-14 §4.2,
+    ``CommitLog#getMessageNum`` @5.x): 0 for PREPARED/ROLLBACK (:func:`advances_queue_offset`),
+    INNER_NUM (at least 1) for an inner batch or a BatchCQ topic's record carrying it, else 1."""
+    if not advances_queue_offset(sys_flag):
+        return 0
+    if (batch_cq or sys_flag & L.SYSFLAG_INNER_BATCH) and INNER_NUM in properties:
+        n = inner_num(properties)
+        return n if n is not None and n >= 1 else 1
+    return 1
+
+
+#: Initial capacity of the properties map a 5.x broker parses a message's text into
+#: (``MessageDecoder#string2messageProperties`` @5.x; design-14 §2).
+STORE_MAP_CAPACITY = 128
+WAIT = "WAIT"
+
+
+def with_store_properties(text: str, added: Sequence[tuple[str, str]],
+                          move_last: Sequence[str] = ()) -> str:
+    """The properties text after a 5.x store put ``added`` into the message's map and
+    re-serialised it (``messageProperties2String``, design-14 §2): the map holds the
+    parsed text in its order, an added name already there keeps its place and takes the
+    new value, a name in ``move_last`` is removed and put again (LMQ's WAIT); iteration
+    is a Java HashMap's of capacity 128; every pair ends in 0x02 (5.x)."""
+    props = parse_properties(text)
+    keys = list(props)
+    for k, v in added:
+        if k not in props:
+            keys.append(k)
+        props[k] = v
+    for k in move_last:
+        if k in props:
+            keys.remove(k)
+            keys.append(k)
+    order = hashmap_order(keys, STORE_MAP_CAPACITY)
+    return serialize_properties([(k, props[k]) for k in order], True)
+
+
 # --- LMQ multi-dispatch (RocketMQ 5.x, design-14 §5) ---------------------------------------
 # Sibling of gets_cq_unit: the extra ConsumeQueue units a record gets besides its own.
 
@@ -275,3 +344,20 @@ def lmq_targets(topic: str, properties: Mapping[str, str], queue_id: int, *,
         qid = 0 if enable_lmq and name.startswith(LMQ_PREFIX) else queue_id
         out.append((name, qid, offset))
     return out
+
+
+def lmq_wrap(topic: str, properties: Mapping[str, str], next_offset, *,
+             enable_lmq: bool) -> tuple[str, list[str]] | None:
+    """What a 5.x store's append adds to an LMQ message (design-14 §5.1,
+    ``LmqDispatch#wrapLmqDispatch`` @5.x): with LMQ on, an allowed topic and a non-blank
+    INNER_MULTI_DISPATCH, the INNER_MULTI_QUEUE_OFFSET value (the next offset of queue
+    ``(name, 0)`` for each ``%LMQ%`` name, ``next_offset(name)``; ``null`` for another
+    name, in the names' order) and the ``%LMQ%`` names whose offsets then advance by one
+    (``updateLmqOffsets``). None when the store adds nothing."""
+    names = properties.get(INNER_MULTI_DISPATCH)
+    if not enable_lmq or not topic_allows_lmq(topic) or not names or not names.strip():
+        return None
+    parts = java_split_comma(names)
+    lmq = [n for n in parts if n.startswith(LMQ_PREFIX)]
+    return ",".join(str(next_offset(n)) if n.startswith(LMQ_PREFIX) else "null"
+                    for n in parts), lmq

@@ -42,8 +42,11 @@ class QueueKinds:
         return bool(self.batch_topics) or bool(self.lmq)
 
 
-def configured_batch_topics(root: Path) -> dict[str, str]:
-    """Topics ``config/topics.json`` (or its ``.bak``) gives ``queue.type=BatchCQ``."""
+def topic_queue_types(root: Path) -> tuple[str, dict[str, str]] | None:
+    """(file name, {topic: queue.type}) from ``config/topics.json`` (or its ``.bak`` when the
+    first is missing or unreadable, as the broker falls back): every topic the table lists,
+    ``SimpleCQ`` when its attributes name no queue type (``TopicAttributes`` @5.x); None
+    when neither file reads."""
     for name in ("topics.json", "topics.json.bak"):
         p = root / "config" / name
         try:
@@ -55,10 +58,19 @@ def configured_batch_topics(root: Path) -> dict[str, str]:
         out = {}
         for topic, tc in table.items() if isinstance(table, dict) else ():
             attrs = tc.get("attributes") if isinstance(tc, dict) else None
-            if isinstance(attrs, dict) and attrs.get("queue.type") == "BatchCQ":
-                out[topic] = f"config/{name} queue.type=BatchCQ"
-        return out
-    return {}
+            kind = attrs.get("queue.type") if isinstance(attrs, dict) else None
+            out[topic] = kind if isinstance(kind, str) else "SimpleCQ"
+        return name, out
+    return None
+
+
+def configured_batch_topics(root: Path) -> dict[str, str]:
+    """Topics ``config/topics.json`` (or its ``.bak``) gives ``queue.type=BatchCQ``."""
+    got = topic_queue_types(root)
+    if got is None:
+        return {}
+    name, types = got
+    return {t: f"config/{name} queue.type=BatchCQ" for t, k in types.items() if k == "BatchCQ"}
 
 
 def store_queue_kinds(root: str | Path, cfg, scan=None) -> QueueKinds:
