@@ -7,6 +7,7 @@ values (physicMsgTimestamp is masked: in 5.x it depends on flush timing, design-
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 
@@ -273,3 +274,148 @@ def test_engine_reproduces_rocketmq_533_batch_cq_and_lmq(scenario, tmp_path):
     assert mine_cp[1:] == (want["logicsMsgTimestamp"], want["indexMsgTimestamp"],
                            want["masterFlushedOffset"], want["confirmPhyOffset"])
     assert not (root / "abort").exists()
+
+
+def _jsonl_5x(man: dict) -> str:
+    """The fixture's records as ``rmqstore append --jsonl`` input: an inner batch as a
+    ``batch`` list of its entries (the CLI makes the body, sysFlag 0xC0 and INNER_NUM), any
+    other record in its stored form; without what the store adds (INNER_BASE,
+    INNER_MULTI_QUEUE_OFFSET)."""
+    from rmqstore.format.message import parse_properties, serialize_properties
+    from rmqstore.format.record import inner_entries
+
+    lines = []
+    for x in man["messages"]:
+        s = x["stored"]
+        props = parse_properties(s["propertiesString"])
+        props.pop("INNER_BASE", None)
+        props.pop("INNER_MULTI_QUEUE_OFFSET", None)
+        row = {k: s[k] for k in ("topic", "queueId", "flag", "sysFlag", "bornTimestamp",
+                                 "bornHost", "storeTimestamp", "storeHost", "reconsumeTimes",
+                                 "preparedTransactionOffset")}
+        if s["sysFlag"] & 0x80:
+            props.pop("INNER_NUM")
+            row["sysFlag"] = s["sysFlag"] & ~0xC0
+            row["batch"] = [{"flag": f, "bodyBase64": base64.b64encode(b).decode(),
+                             "propertiesText": t}
+                            for _, f, b, t in inner_entries(base64.b64decode(s["bodyBase64"]))]
+        else:
+            row["bodyBase64"] = s["bodyBase64"]
+        row["propertiesText"] = serialize_properties(props, True) if (
+            len(props) < len(parse_properties(s["propertiesString"]))) else s["propertiesString"]
+        lines.append(json.dumps(row))
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("scenario", ["batch-cq", "lmq"])
+def test_cli_append_reproduces_rocketmq_533_batch_cq_and_lmq(scenario, tmp_path):
+    # The CLI's input for inner batches (a ``batch`` list, docs/cli.md) and broker.conf's
+    # enableLmq/enableMultiDispatch/mapperFileSizeBatchConsumeQueue give RocketMQ's files.
+    from test_append_fixtures import GEOMETRY_ARGS, _rmqstore
+
+    man = _manifest(scenario)
+    sc = man["storeConfig"]
+    root = tmp_path / "store"
+    _new_store(scenario, root)
+    conf = tmp_path / "broker.conf"
+    conf.write_text(f"enableLmq={str(sc['enableLmq']).lower()}\n"
+                    f"enableMultiDispatch={str(sc['enableMultiDispatch']).lower()}\n"
+                    f"mapperFileSizeBatchConsumeQueue={sc['mapperFileSizeBatchConsumeQueue']}\n")
+    res = _rmqstore("append", str(root), "--create", "--jsonl", "-", "--config", str(conf),
+                    "--broker-version", "5", *GEOMETRY_ARGS, "--format", "jsonl",
+                    stdin=_jsonl_5x(man))
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [(r["commitLogOffset"], r["storeSize"], r["queueOffset"], r["offsetMsgId"])
+            for r in rows] == [(x["stored"]["phyOffset"], x["stored"]["storeSize"],
+                                x["stored"]["queueOffset"], x["stored"]["msgId"])
+                               for x in man["messages"]]
+    ref = R5 / scenario
+    for part in ("commitlog", "consumequeue", "batchconsumequeue"):
+        assert _files(root, part) == _files(ref, part), part
+    assert list(_files(root, "index").values()) == list(_files(ref, "index").values())
+
+
+@pytest.mark.parametrize("scenario", ["batch-cq", "lmq"])
+def test_a_reopened_store_goes_on_where_rocketmq_did(scenario, tmp_path):
+    # Close after every 7th put and open again: BatchConsumeQueue offsets (base + batchNum)
+    # and LMQ offsets come back from the files (design-14 §4.2, §5.4), so the rest of the
+    # replay still gives RocketMQ's bytes.
+    man = _manifest(scenario)
+    cfg = _config_5x(man)
+    root = tmp_path / "store"
+    _new_store(scenario, root)
+    groups = list(put_groups(man["messages"]))
+    for k in range(0, len(groups), 7):
+        with MessageStore.open(root, cfg, create=k == 0) as st:
+            for group in groups[k:k + 7]:
+                if "batchRequest" in group[0]["request"]:
+                    results = st.put_batch([_given_5x(x["stored"]) for x in group])
+                else:
+                    results = [st.put(_given_5x(group[0]["stored"]))]
+                assert [(r.offset, r.queue_offset) for r in results] == [
+                    (x["stored"]["phyOffset"], x["stored"]["queueOffset"]) for x in group]
+    ref = R5 / scenario
+    for part in ("commitlog", "consumequeue", "batchconsumequeue"):
+        assert _files(root, part) == _files(ref, part), part
+
+
+def _bcq_store(tmp_path, topics: dict[str, str] | None = None):
+    root = tmp_path / "s"
+    (root / "config").mkdir(parents=True)
+    table = {t: {"topicName": t, "attributes": {"queue.type": k} if k else {}}
+             for t, k in (topics or {"B": "BatchCQ", "S": ""}).items()}
+    (root / "config" / "topics.json").write_text(json.dumps({"topicConfigTable": table}))
+    return root, StoreConfig(broker_version="5", mapped_file_size_commit_log=65536,
+                             mapper_file_size_batch_consume_queue=46 * 4)
+
+
+def test_the_store_refuses_what_a_533_store_refuses_of_inner_batches(tmp_path):
+    # DefaultMessageStore#asyncPutMessage @5.x: INNER_NUM without the 0x80 flag, the flag
+    # on a SimpleCQ topic: MESSAGE_ILLEGAL, nothing written.
+    from rmqstore.engine.results import PutStatus
+    from rmqstore.format.message import Message
+
+    root, cfg = _bcq_store(tmp_path)
+    with MessageStore.open(root, cfg, create=True) as st:
+        for m in (Message(topic="B", body=b"x", properties={"INNER_NUM": "2"}),
+                  Message(topic="S", body=b"x", sys_flag=0xC0, properties={"INNER_NUM": "1"}),
+                  Message(topic="B", body=b"x", sys_flag=0xC0, properties={"INNER_NUM": "0"}),
+                  Message(topic="B", body=b"x", sys_flag=0xC0, properties={"INNER_NUM": "x"})):
+            r = st.put(m)
+            assert r.status is PutStatus.MESSAGE_ILLEGAL and r.reason, m
+        assert st.put_batch([Message(topic="B", body=b"x", sys_flag=0xC0,
+                                     properties={"INNER_NUM": "1"})])[0].status \
+            is PutStatus.MESSAGE_ILLEGAL
+        assert st.max_offset == 0
+        # an inner batch of 3, then a plain record: queue offsets 0 and 3, units 0+3 and 3+1
+        r1 = st.put(Message(topic="B", body=b"xyz", sys_flag=0xC0, properties={"INNER_NUM": "3"}))
+        r2 = st.put_columns(topic="B", bodies=[b"plain"])[0]
+        assert (r1.queue_offset, r2.queue_offset) == (0, 3)
+    from rmqstore.files.batchconsumequeue import BatchConsumeQueue
+
+    with BatchConsumeQueue(root / "batchconsumequeue" / "B" / "0") as q:
+        assert [(u.base_offset, u.batch_num, u.commit_log_offset) for u in q] == [
+            (0, 3, r1.offset), (3, 1, r2.offset)]
+    assert not (root / "consumequeue" / "B").exists()
+
+
+@pytest.mark.parametrize("case", ["bcq-dir-simple-topic", "config-bcq-cq-dir"])
+def test_append_refuses_when_the_files_and_topics_json_disagree(case, tmp_path):
+    from rmqstore.errors import ConfigError
+    from rmqstore.format.message import Message
+
+    root, cfg = _bcq_store(tmp_path, {"B": "BatchCQ", "S": "SimpleCQ"})
+    with MessageStore.open(root, cfg, create=True) as st:
+        st.put(Message(topic="B", body=b"x"))
+        st.put(Message(topic="S", body=b"x"))
+    table = json.loads((root / "config" / "topics.json").read_text())
+    if case == "bcq-dir-simple-topic":  # batchconsumequeue/B exists, topics.json: SimpleCQ
+        table["topicConfigTable"]["B"]["attributes"] = {}
+    else:  # topics.json: S is BatchCQ, consumequeue/S holds its queues
+        table["topicConfigTable"]["S"]["attributes"] = {"queue.type": "BatchCQ"}
+    (root / "config" / "topics.json").write_text(json.dumps(table))
+    before = _files(root, "commitlog")
+    with pytest.raises(ConfigError, match="files are the truth"):
+        MessageStore.open(root, cfg)
+    assert _files(root, "commitlog") == before and not (root / "abort").exists()

@@ -26,7 +26,9 @@ from ..format import layout as L
 from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit
 from ..format.message import Host, Message, parse_properties
 from ..format.hashing import hashmap_order, java_hash  # noqa: F401 - hashmap_order: its home moved to format
-from ..format.rules import java_length
+from ..format.message import serialize_properties
+from ..format.record import INNER_BATCH_FLAGS
+from ..format.rules import INNER_NUM, java_length
 from ..files.config import StoreConfig
 from ..errors import InputError
 from .results import PutResult, PutStatus
@@ -86,11 +88,51 @@ def _body(obj: dict) -> bytes:
     raise InputError(f"bodyEncoding must be base64, text or hex, got {enc!r}")
 
 
+def _properties(obj: dict, what: str = "") -> tuple[dict[str, str] | None, str | None]:
+    """(``properties`` checked, ``propertiesText``) of a message-JSON object."""
+    props = obj.get("properties")
+    if props is not None:
+        if not isinstance(props, dict):
+            raise InputError(f"{what}properties must be an object of name: value strings")
+        for k, v in props.items():
+            if v is not None:
+                _text(v, f"{what}property {k!r}")
+            if not k or any(c in k + (v or "") for c in "\x01\x02"):
+                raise InputError(f"{what}property {k!r} has an empty name or a \\x01/\\x02 separator")
+        props = {k: v for k, v in props.items() if v is not None}
+    text = obj.get("propertiesText")
+    return props, None if text is None else _text(text, f"{what}propertiesText")
+
+
+def _inner_batch_body(entries: Any, config: StoreConfig) -> bytes:
+    """The body of an inner-batch record from the ``batch`` list of a message-JSON object:
+    each entry (``flag``, a body as a message's, ``properties`` or ``propertiesText``)
+    encoded as the client's ``MessageDecoder#encodeMessages`` does (spec §3.7)."""
+    from ..format.message import serialize_properties
+    from ..format.record import encode_batch_entry
+
+    if not isinstance(entries, list) or not entries:
+        raise InputError("batch must be a non-empty list of message objects")
+    out = []
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise InputError(f"batch[{i}] must be a JSON object")
+        flag = _int(e, "flag", _I32) or 0
+        props, text = _properties(e, f"batch[{i}] ")
+        if text is None:
+            text = serialize_properties(props or {}, config.trailing_separator)
+        out.append(encode_batch_entry(_body(e), text, flag))
+    return b"".join(out)
+
+
 def message_from_json(obj: Any, config: StoreConfig, *, now: int) -> Message:
     """A Message from one message-JSON object; :class:`InputError` says what is wrong.
 
     Absent timestamps become ``now``, an absent born host 127.0.0.1:0 and an absent store
     host ``brokerIP1:listenPort``. ``propertiesText`` wins over ``properties``.
+    ``batch`` (a list of message objects: flag, body, properties) makes the message an
+    inner batch (RocketMQ 5.x BatchCQ topics, design-14 §4.3): its body is the entries as
+    a client encodes a batch, sysFlag gets 0x40|0x80 and INNER_NUM the entry count.
     """
     if not isinstance(obj, dict):
         raise InputError("a message must be a JSON object")
@@ -99,7 +141,13 @@ def message_from_json(obj: Any, config: StoreConfig, *, now: int) -> Message:
         raise InputError("topic is required (a non-empty string)")
     if any(c in topic for c in "\x00\x01\x02"):
         raise InputError("topic contains control characters")
-    m = Message(topic=topic, body=_body(obj))
+    batch = obj.get("batch")
+    if batch is not None:
+        if any(obj.get(k) is not None for k in ("body", "bodyBase64", "storedBody")):
+            raise InputError("give the body of an inner batch as its batch entries, not body")
+        m = Message(topic=topic, body=_inner_batch_body(batch, config))
+    else:
+        m = Message(topic=topic, body=_body(obj))
     for key, (attr, bounds) in _INT_FIELDS.items():
         v = _int(obj, key, bounds)
         if v is not None:
@@ -112,20 +160,23 @@ def message_from_json(obj: Any, config: StoreConfig, *, now: int) -> Message:
         else Host(b"\x7f\x00\x00\x01", 0)
     m.store_host = Host.parse(_text(obj["storeHost"], "storeHost")) if obj.get("storeHost") \
         else store_host(config)
-    props = obj.get("properties")
+    props, text = _properties(obj)
     if props is not None:
-        if not isinstance(props, dict):
-            raise InputError("properties must be an object of name: value strings")
-        for k, v in props.items():
-            if v is not None:
-                _text(v, f"property {k!r}")
-            if not k or any(c in k + (v or "") for c in "\x01\x02"):
-                raise InputError(f"property {k!r} has an empty name or a \\x01/\\x02 separator")
-        m.properties = {k: v for k, v in props.items() if v is not None}
-    text = obj.get("propertiesText")
+        m.properties = props
     if text is not None:
-        m.properties_text = _text(text, "propertiesText")
+        m.properties_text = text
         m.properties = parse_properties(m.properties_text)
+    if batch is not None:
+        n = str(len(batch))
+        given = m.properties.get(INNER_NUM)
+        if given is not None and given != n:
+            raise InputError(f"{INNER_NUM} {given!r} disagrees with the {n} batch entries")
+        m.sys_flag |= INNER_BATCH_FLAGS
+        if given is None:
+            if m.properties_text is not None:
+                m.properties_text = serialize_properties(
+                    list(m.properties.items()) + [(INNER_NUM, n)], config.trailing_separator)
+            m.properties = {**m.properties, INNER_NUM: n}
     if config.broker_version != "4.9" and obj.get("magic") == "v2":
         m.magic = L.MAGIC_V2  # a 5.x record written with v2 although its topic is short
     return m
