@@ -90,6 +90,15 @@ def append(
     written exactly as given unless --as-broker. Absent times are now; absent hosts are
     127.0.0.1:0 and brokerIP1:listenPort.
 
+    RocketMQ 5.x stores (--broker-version 5): a line with "batch": [{flag, body or
+    bodyBase64, properties or propertiesText}, ...] instead of a body is an inner batch
+    for a BatchCQ topic (config/topics.json queue.type=BatchCQ, or
+    batchconsumequeue/TOPIC/): one record whose body holds the entries, sysFlag 0x40|0x80,
+    INNER_NUM the count; the store adds INNER_BASE and writes BatchConsumeQueue units. With
+    LMQ (consumequeue/%LMQ%*, or enableLmq in --config) a message's INNER_MULTI_DISPATCH
+    gets INNER_MULTI_QUEUE_OFFSET and %LMQ% queue units. Queue kinds that the files and
+    config/topics.json disagree on refuse the store (exit 2).
+
     Prints one row per message as it is appended: status, commitLogOffset, storeSize,
     queueOffset, offsetMsgId (and reason when not PUT_OK). Each input line is checked before it is appended: a malformed line
     stops the command with "FILE:LINE: why" (exit 2); the lines before it stay appended.

@@ -419,3 +419,99 @@ def test_append_refuses_when_the_files_and_topics_json_disagree(case, tmp_path):
     with pytest.raises(ConfigError, match="files are the truth"):
         MessageStore.open(root, cfg)
     assert _files(root, "commitlog") == before and not (root / "abort").exists()
+
+
+_MORE = {
+    "batch-cq": [
+        {"topic": "TopicBCQ", "queueId": 0, "properties": {"UNIQ_KEY": "NW-1"},
+         "batch": [{"body": "more 0", "properties": {"TAGS": "m0", "KEYS": "more-0"}},
+                   {"body": "more 1", "properties": {"TAGS": "m1"}}]},
+        {"topic": "TopicBCQ", "queueId": 1, "body": "plain", "properties": {"KEYS": "nw-2"}},
+        {"topic": "TopicSimple", "queueId": 2, "body": "simple", "properties": {"TAGS": "s"}},
+        {"topic": "TopicBCQ", "queueId": 0, "properties": {"UNIQ_KEY": "NW-3"},
+         "batch": [{"body": f"again {i}"} for i in range(5)]},
+    ],
+    "lmq": [
+        {"topic": "TopicMqttParent", "queueId": 0, "body": "to two rooms",
+         "properties": {"KEYS": "nw-1", "WAIT": "true",
+                        "INNER_MULTI_DISPATCH": "%LMQ%room1,%LMQ%room9"}},
+        {"topic": "TopicMqttParent", "queueId": 1, "body": "plain", "properties": {"TAGS": "p"}},
+        {"topic": "%RETRY%cg_lmq", "queueId": 0, "body": "retry",
+         "properties": {"INNER_MULTI_DISPATCH": "%LMQ%room1"}},
+        {"topic": "TopicMqttParent", "queueId": 1, "body": "room3",
+         "properties": {"INNER_MULTI_DISPATCH": "%LMQ%room3"}},
+    ],
+}
+
+
+@pytest.mark.parametrize("scenario", ["batch-cq", "lmq"])
+def test_appending_to_a_533_store_never_makes_it_worse(scenario, tmp_path):
+    # A copy of RocketMQ's store, appended to through the CLI (geometry, queue kinds and
+    # LMQ from the files alone): verify is clean, and every byte RocketMQ wrote is still
+    # there (earlier records and queue units unchanged; new units after them).
+    import shutil
+
+    from test_append_fixtures import _rmqstore
+
+    ref = R5 / scenario
+    _manifest(scenario)
+    root = tmp_path / "store"
+    shutil.copytree(ref, root)
+    (root / "manifest.json").unlink()
+    old = {part: _files(root, part) for part in ("commitlog", "consumequeue", "batchconsumequeue")}
+    end = json.loads((ref / "manifest.json").read_text())["maxPhyOffset"]
+    stdin = "\n".join(json.dumps(r) for r in _MORE[scenario]) + "\n"
+    res = _rmqstore("append", str(root), "--jsonl", "-", "--format", "jsonl", stdin=stdin)
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert len(rows) == len(_MORE[scenario]) and rows[0]["commitLogOffset"] >= end
+    res = _rmqstore("verify", str(root), "--format", "json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    for part, files in old.items():
+        new = _files(root, part)
+        for name, data in files.items():
+            assert new[name].startswith(data.rstrip(b"\0")), f"{part}/{name} changed"
+    log = b"".join(_files(root, "commitlog")[n] for n in sorted(old["commitlog"]))
+    assert log[:end] == b"".join(old["commitlog"][n] for n in sorted(old["commitlog"]))[:end]
+    if scenario == "batch-cq":  # queue 0 went on from 75: units 75+2 and 77+5
+        from rmqstore.files.batchconsumequeue import BatchConsumeQueue
+
+        with BatchConsumeQueue(root / "batchconsumequeue" / "TopicBCQ" / "0") as q:
+            assert [(u.base_offset, u.batch_num) for u in q][-2:] == [(75, 2), (77, 5)]
+        assert (rows[0]["queueOffset"], rows[3]["queueOffset"]) == (75, 77)
+    else:  # room1 went on from 20, room9 is new, the retry topic dispatches nowhere
+        from rmqstore.files.consumequeue import ConsumeQueue
+
+        def units(name):
+            with ConsumeQueue(root / "consumequeue" / name / "0", 1280) as q:
+                return [u.commit_log_offset for u in q]
+        assert units("%LMQ%room1")[-1] == rows[0]["commitLogOffset"]
+        assert len(units("%LMQ%room1")) == 21
+        assert units("%LMQ%room9") == [rows[0]["commitLogOffset"]]
+        assert units("%LMQ%room3")[-1] == rows[3]["commitLogOffset"]
+
+
+def test_a_batch_of_lmq_messages_is_refused_and_put_alone_works(tmp_path):
+    # The batch path adds no INNER_MULTI_QUEUE_OFFSET (encodeBatch @5.x): rmqstore refuses
+    # an LMQ message in a batch rather than store it undispatched; alone it is dispatched.
+    from rmqstore.engine.results import PutStatus
+    from rmqstore.format.message import Message
+
+    cfg = StoreConfig(broker_version="5", mapped_file_size_commit_log=65536, enable_lmq=True,
+                      enable_multi_dispatch=True)
+    root = tmp_path / "s"
+    lmq = Message(topic="T", body=b"x", properties={"INNER_MULTI_DISPATCH": "%LMQ%a"})
+    with MessageStore.open(root, cfg, create=True) as st:
+        rs = st.put_batch([Message(topic="T", body=b"y"), lmq])
+        assert {r.status for r in rs} == {PutStatus.MESSAGE_ILLEGAL} and st.max_offset == 0
+        retry = Message(topic="%RETRY%g", body=b"z", properties={"INNER_MULTI_DISPATCH": "%LMQ%a"})
+        assert all(r.ok for r in st.put_batch([Message(topic="T", body=b"y"), retry]))
+        r = st.put(lmq)
+        assert r.ok
+    from rmqstore.files.consumequeue import ConsumeQueue
+    from rmqstore.reader import StoreReader
+
+    with ConsumeQueue(root / "consumequeue" / "%LMQ%a" / "0") as q:
+        assert [u.commit_log_offset for u in q] == [r.offset]
+    with StoreReader(cfg.with_values(store_path_root_dir=str(root))) as rd:
+        assert rd.read_at(r.offset).properties["INNER_MULTI_QUEUE_OFFSET"] == "0"

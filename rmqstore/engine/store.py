@@ -380,7 +380,8 @@ class MessageStore:
         no INNER_MULTI_QUEUE_OFFSET (``encodeBatch`` @5.x), so a message LMQ would dispatch
         is put alone too (design-14 §4.3, §5.1)."""
         from ..format.message import parse_properties
-        from ..format.rules import INNER_MULTI_DISPATCH, inner_batch_refusal, lmq_targets
+        from ..format.rules import (INNER_MULTI_DISPATCH, inner_batch_refusal, lmq_targets,
+                                    topic_allows_lmq)
 
         kinds = self.kinds
         for m in msgs:
@@ -392,8 +393,9 @@ class MessageStore:
                 return why
             if m.sys_flag & L.SYSFLAG_INNER_BATCH:
                 return "an inner batch is one record: put it alone, not in a batch"
+            names = props.get(INNER_MULTI_DISPATCH)
             if not batch_cq and (kinds.multi_dispatch or kinds.enable_lmq) and (
-                    props.get(INNER_MULTI_DISPATCH) or lmq_targets(
+                    (names and names.strip() and topic_allows_lmq(m.topic)) or lmq_targets(
                         m.topic, props, m.queue_id, enable_lmq=kinds.enable_lmq)):
                 return "a message LMQ dispatches is put alone, not in a batch"
         return None
