@@ -515,3 +515,28 @@ def test_a_batch_of_lmq_messages_is_refused_and_put_alone_works(tmp_path):
         assert [u.commit_log_offset for u in q] == [r.offset]
     with StoreReader(cfg.with_values(store_path_root_dir=str(root))) as rd:
         assert rd.read_at(r.offset).properties["INNER_MULTI_QUEUE_OFFSET"] == "0"
+
+
+def test_client_sends_to_lmq_reproduce_rocketmq_533(tmp_path):
+    # T8 for lmq: the client requests put the way a 5.3.3 broker puts them (no send
+    # context), the store wrapping each LMQ message (INNER_MULTI_QUEUE_OFFSET, WAIT put
+    # again, HashMap(128) order), give RocketMQ's CommitLog and queues byte for byte.
+    # (The lmq requests carry no flag: RocketMQ's client sent 0, as every record holds.)
+    from rmqstore.engine.broker import put_as_broker
+
+    man = _manifest("lmq")
+    host = man["messages"][0]["stored"]["storeHost"]
+    cfg = _config_5x(man).with_values(broker_cluster_name="OracleCluster",
+                                      broker_ip1=host.split(":")[0],
+                                      listen_port=int(host.split(":")[1]))
+    root = tmp_path / "s"
+    with MessageStore.open(root, cfg, create=True) as st:
+        for x in man["messages"]:
+            x = {**x, "request": {"flag": 0, **x["request"]}}
+            r = put_as_broker(st, _client_message(x), cfg, now=x["stored"]["storeTimestamp"],
+                              send_context=False, stamp=False)
+            assert r.ok and (r.offset, r.size, r.queue_offset, r.msg_id) == (
+                x["stored"]["phyOffset"], x["stored"]["storeSize"], x["stored"]["queueOffset"],
+                x["stored"]["msgId"]), x["index"]
+    for part in ("commitlog", "consumequeue"):
+        assert _files(root, part) == _files(R5 / "lmq", part), part
