@@ -540,3 +540,32 @@ def test_client_sends_to_lmq_reproduce_rocketmq_533(tmp_path):
                 x["stored"]["msgId"]), x["index"]
     for part in ("commitlog", "consumequeue"):
         assert _files(root, part) == _files(R5 / "lmq", part), part
+
+
+@pytest.mark.parametrize("props, why", [
+    ({"INNER_MULTI_DISPATCH": "%LMQ%a,%LMQ%a"}, "twice"),
+    ({"INNER_MULTI_DISPATCH": "%LMQ%a,TopicX"}, "not an %LMQ% queue"),
+    ({"INNER_MULTI_DISPATCH": "%LMQ%a,%LMQ%" + "x" * 300}, "directory name"),
+    ({"INNER_MULTI_DISPATCH": "%LMQ%b", "INNER_MULTI_QUEUE_OFFSET": "7"}, None),
+])
+def test_lmq_messages_that_would_leave_the_queues_inconsistent_are_refused(props, why, tmp_path):
+    from rmqstore.engine.results import PutStatus
+    from rmqstore.format.message import Message
+
+    cfg = StoreConfig(broker_version="5", mapped_file_size_commit_log=65536, enable_lmq=True,
+                      enable_multi_dispatch=True)
+    with MessageStore.open(tmp_path / "s", cfg, create=True) as st:
+        r = st.put(Message(topic="T", body=b"x", properties=props))
+        if why is None:  # the store's offset replaces the client's (putProperty)
+            assert r.ok
+        else:
+            assert r.status is PutStatus.MESSAGE_ILLEGAL and why in r.reason
+            assert st.max_offset == 0
+    with MessageStore.open(tmp_path / "t", cfg.with_values(enable_lmq=False), create=True) as st:
+        r = st.put(Message(topic="T", body=b"x", properties={
+            "INNER_MULTI_DISPATCH": "%LMQ%b", "INNER_MULTI_QUEUE_OFFSET": "7"}))
+        assert r.status is PutStatus.MESSAGE_ILLEGAL and "store's to assign" in r.reason
+    root, cfg = _bcq_store(tmp_path)
+    with MessageStore.open(root, cfg.with_values(enable_lmq=True), create=True) as st:
+        r = st.put(Message(topic="B", body=b"x", properties={"INNER_MULTI_DISPATCH": "%LMQ%c"}))
+        assert r.status is PutStatus.MESSAGE_ILLEGAL and "BatchCQ" in r.reason

@@ -49,6 +49,22 @@ from .unfinished_append import clear_unfinished_append
 __all__ = ["DISPATCH_MODES", "MessageStore"]
 
 
+def _unsafe_lmq_names(topic: str, props, kinds) -> str | None:
+    """Why a queue LMQ would dispatch the message to cannot be a ``consumequeue/``
+    directory, or None (a name holding '/' is skipped by dispatch, design-14 §5.2)."""
+    from ..files.names import shown, topic_problem
+    from ..format.rules import INNER_MULTI_DISPATCH, java_split_comma, lmq_wrap_applies
+
+    if not kinds.multi_dispatch or not lmq_wrap_applies(topic, props, enable_lmq=kinds.enable_lmq):
+        return None
+    for n in java_split_comma(props[INNER_MULTI_DISPATCH]):
+        why = topic_problem(n)
+        if why is not None and "/" not in n:
+            return (f"{INNER_MULTI_DISPATCH} names queue {shown(n)}, which cannot be a "
+                    f"directory name ({why})")
+    return None
+
+
 def _declined(msg, stamp, record):
     """The fast single put's answer when it must not run: "take the general path"."""
     return None
@@ -250,45 +266,32 @@ class MessageStore:
         store adds to the message's properties (an inner batch's INNER_BASE = its queue
         offset; an LMQ message's INNER_MULTI_QUEUE_OFFSET, WAIT put again), the text
         re-serialised as 5.x does, the record appended, the LMQ offsets advanced."""
-        from ..files.names import topic_problem
-        from ..format.message import parse_properties
-        from ..format.rules import (INNER_BASE, INNER_MULTI_DISPATCH, INNER_MULTI_QUEUE_OFFSET,
-                                    LMQ_PREFIX, WAIT, gets_inner_base, inner_batch_refusal,
-                                    java_split_comma, lmq_targets, lmq_wrap,
+        from ..format.message import parse_properties, serialize_properties
+        from ..format.rules import (INNER_BASE, INNER_MULTI_QUEUE_OFFSET, WAIT, gets_inner_base,
+                                    inner_batch_refusal, lmq_refusal, lmq_wrap,
                                     with_store_properties)
 
         kinds = self.kinds
         text = msg.properties_text
         props = parse_properties(text) if text is not None else msg.properties
         batch_cq = msg.topic in kinds.batch_topics
-        why = inner_batch_refusal(msg.sys_flag, props, batch_cq)
-        if why is None and not batch_cq:
-            names = props.get(INNER_MULTI_DISPATCH) or ""
-            lmq = [n for n in java_split_comma(names) if n.startswith(LMQ_PREFIX)]
-            if kinds.enable_lmq and len(set(lmq)) != len(lmq):
-                why = "INNER_MULTI_DISPATCH names an LMQ queue twice"
-            elif kinds.enable_lmq and any(topic_problem(n) and "/" not in n for n in lmq):
-                why = "INNER_MULTI_DISPATCH names an LMQ queue that cannot be a directory name"
+        why = inner_batch_refusal(msg.sys_flag, props, batch_cq) or lmq_refusal(
+            msg.topic, props, batch_cq, enable_lmq=kinds.enable_lmq,
+            multi_dispatch=kinds.multi_dispatch) or _unsafe_lmq_names(msg.topic, props, kinds)
         if why is not None:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=why)
         a = self.appender
         with a.lock:
+            wrap = lmq_wrap(msg.topic, props, lambda n: a.next_queue_offset(n, 0),
+                            enable_lmq=kinds.enable_lmq)
             added, move, bump = [], (), []
             if gets_inner_base(msg.sys_flag, batch_cq):
                 added.append((INNER_BASE, str(a.next_queue_offset(msg.topic, msg.queue_id))))
-            wrap = None if batch_cq else lmq_wrap(
-                msg.topic, props, lambda n: a.next_queue_offset(n, 0), enable_lmq=kinds.enable_lmq)
             if wrap is not None:
                 added.append((INNER_MULTI_QUEUE_OFFSET, wrap[0]))
                 move, bump = (WAIT,), wrap[1]
-            elif not batch_cq and kinds.multi_dispatch and lmq_targets(
-                    msg.topic, props, msg.queue_id, enable_lmq=kinds.enable_lmq):
-                # Dispatch would place units at offsets the client chose: refused.
-                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=(
-                    f"{INNER_MULTI_QUEUE_OFFSET} is the store's to assign (enableLmq is off)"))
             if added:
                 if text is None:
-                    from ..format.message import serialize_properties
                     text = serialize_properties(msg.properties, True)
                 text = with_store_properties(text, added, move)
                 msg = dataclasses.replace(msg, properties_text=text,
@@ -380,23 +383,21 @@ class MessageStore:
         no INNER_MULTI_QUEUE_OFFSET (``encodeBatch`` @5.x), so a message LMQ would dispatch
         is put alone too (design-14 §4.3, §5.1)."""
         from ..format.message import parse_properties
-        from ..format.rules import (INNER_MULTI_DISPATCH, inner_batch_refusal, lmq_targets,
-                                    topic_allows_lmq)
+        from ..format.rules import inner_batch_refusal, lmq_refusal, lmq_wrap_applies
 
         kinds = self.kinds
         for m in msgs:
             props = parse_properties(m.properties_text) if m.properties_text is not None \
                 else m.properties
             batch_cq = m.topic in kinds.batch_topics
-            why = inner_batch_refusal(m.sys_flag, props, batch_cq)
+            why = inner_batch_refusal(m.sys_flag, props, batch_cq) or lmq_refusal(
+                m.topic, props, batch_cq, enable_lmq=kinds.enable_lmq,
+                multi_dispatch=kinds.multi_dispatch)
             if why is not None:
                 return why
             if m.sys_flag & L.SYSFLAG_INNER_BATCH:
                 return "an inner batch is one record: put it alone, not in a batch"
-            names = props.get(INNER_MULTI_DISPATCH)
-            if not batch_cq and (kinds.multi_dispatch or kinds.enable_lmq) and (
-                    (names and names.strip() and topic_allows_lmq(m.topic)) or lmq_targets(
-                        m.topic, props, m.queue_id, enable_lmq=kinds.enable_lmq)):
+            if lmq_wrap_applies(m.topic, props, enable_lmq=kinds.enable_lmq):
                 return "a message LMQ dispatches is put alone, not in a batch"
         return None
 

@@ -346,18 +346,49 @@ def lmq_targets(topic: str, properties: Mapping[str, str], queue_id: int, *,
     return out
 
 
+def lmq_wrap_applies(topic: str, properties: Mapping[str, str], *, enable_lmq: bool) -> bool:
+    """Does a 5.x store's append wrap the message for LMQ (design-14 §5.1,
+    ``MessageExtBrokerInner#needDispatchLMQ`` @5.x): LMQ on, an allowed topic, a non-blank
+    INNER_MULTI_DISPATCH."""
+    names = properties.get(INNER_MULTI_DISPATCH)
+    return bool(enable_lmq and names and names.strip() and topic_allows_lmq(topic))
+
+
 def lmq_wrap(topic: str, properties: Mapping[str, str], next_offset, *,
              enable_lmq: bool) -> tuple[str, list[str]] | None:
     """What a 5.x store's append adds to an LMQ message (design-14 §5.1,
-    ``LmqDispatch#wrapLmqDispatch`` @5.x): with LMQ on, an allowed topic and a non-blank
-    INNER_MULTI_DISPATCH, the INNER_MULTI_QUEUE_OFFSET value (the next offset of queue
-    ``(name, 0)`` for each ``%LMQ%`` name, ``next_offset(name)``; ``null`` for another
-    name, in the names' order) and the ``%LMQ%`` names whose offsets then advance by one
-    (``updateLmqOffsets``). None when the store adds nothing."""
-    names = properties.get(INNER_MULTI_DISPATCH)
-    if not enable_lmq or not topic_allows_lmq(topic) or not names or not names.strip():
+    ``LmqDispatch#wrapLmqDispatch`` @5.x) when :func:`lmq_wrap_applies`: the
+    INNER_MULTI_QUEUE_OFFSET value (the next offset of queue ``(name, 0)`` for each
+    ``%LMQ%`` name, ``next_offset(name)``; ``null`` for another name, in the names' order)
+    and the ``%LMQ%`` names whose offsets then advance by one (``updateLmqOffsets``).
+    None when the store adds nothing."""
+    if not lmq_wrap_applies(topic, properties, enable_lmq=enable_lmq):
         return None
-    parts = java_split_comma(names)
+    parts = java_split_comma(properties[INNER_MULTI_DISPATCH])
     lmq = [n for n in parts if n.startswith(LMQ_PREFIX)]
     return ",".join(str(next_offset(n)) if n.startswith(LMQ_PREFIX) else "null"
                     for n in parts), lmq
+
+
+def lmq_refusal(topic: str, properties: Mapping[str, str], batch_cq: bool, *,
+                enable_lmq: bool, multi_dispatch: bool) -> str | None:
+    """Why rmqstore refuses a message for its LMQ properties, or None. A broker would
+    store these and leave its queues inconsistent (never make a store worse): an LMQ
+    message to a BatchCQ topic (its offsets advance, but a BatchConsumeQueue dispatches no
+    LMQ units, design-14 §4.2), one naming a queue that is not ``%LMQ%`` (offset ``null``)
+    or an ``%LMQ%`` queue twice (two offsets taken, one unit written), and a client-set INNER_MULTI_QUEUE_OFFSET that dispatch would use
+    because the store does not wrap (enableLmq off)."""
+    if lmq_wrap_applies(topic, properties, enable_lmq=enable_lmq):
+        if batch_cq:
+            return f"{INNER_MULTI_DISPATCH} on a BatchCQ topic: LMQ dispatches no BatchConsumeQueue record"
+        names = java_split_comma(properties[INNER_MULTI_DISPATCH])
+        other = [n for n in names if not n.startswith(LMQ_PREFIX)]
+        if other:
+            return (f"{INNER_MULTI_DISPATCH} names {other[0]!r}, not an {LMQ_PREFIX} queue: its "
+                    "offset would be stored as null, which dispatch cannot read")
+        if len(set(names)) != len(names):
+            return f"{INNER_MULTI_DISPATCH} names an LMQ queue twice"
+    elif not batch_cq and lmq_targets(topic, properties, 0, enable_lmq=enable_lmq,
+                                      multi_dispatch=multi_dispatch):
+        return f"{INNER_MULTI_QUEUE_OFFSET} is the store's to assign (enableLmq is off)"
+    return None
