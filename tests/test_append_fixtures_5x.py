@@ -569,3 +569,25 @@ def test_lmq_messages_that_would_leave_the_queues_inconsistent_are_refused(props
     with MessageStore.open(root, cfg.with_values(enable_lmq=True), create=True) as st:
         r = st.put(Message(topic="B", body=b"x", properties={"INNER_MULTI_DISPATCH": "%LMQ%c"}))
         assert r.status is PutStatus.MESSAGE_ILLEGAL and "BatchCQ" in r.reason
+
+
+@pytest.mark.parametrize("scenario", ["batch-cq", "lmq"])
+def test_a_reopen_dispatches_what_the_queues_lack(scenario, tmp_path):
+    # Written with dispatch off, the queues are built by the next open's reput from the
+    # CommitLog (spec §9): BatchConsumeQueue units and LMQ units as RocketMQ wrote them.
+    man = _manifest(scenario)
+    cfg = _config_5x(man)
+    root = tmp_path / "store"
+    _new_store(scenario, root)
+    with MessageStore.open(root, cfg, create=True, dispatch="off") as st:
+        for group in put_groups(man["messages"]):
+            if "batchRequest" in group[0]["request"]:
+                st.put_batch([_given_5x(x["stored"]) for x in group])
+            else:
+                st.put(_given_5x(group[0]["stored"]))
+    assert not (root / "batchconsumequeue").exists() and not (root / "consumequeue").exists()
+    MessageStore.open(root, cfg).close()
+    ref = R5 / scenario
+    for part in ("commitlog", "consumequeue", "batchconsumequeue"):
+        assert _files(root, part) == _files(ref, part), part
+    assert list(_files(root, "index").values()) == list(_files(ref, "index").values())
