@@ -591,3 +591,14 @@ def test_a_reopen_dispatches_what_the_queues_lack(scenario, tmp_path):
     for part in ("commitlog", "consumequeue", "batchconsumequeue"):
         assert _files(root, part) == _files(ref, part), part
     assert list(_files(root, "index").values()) == list(_files(ref, "index").values())
+
+
+def test_a_49_writer_refuses_a_store_with_5x_queue_kinds(tmp_path):
+    # 4.9 has no BatchConsumeQueue (and other LMQ rules): a 4.9-mode writer would write
+    # ConsumeQueue units for a BatchCQ topic; it refuses, nothing changed.
+    from rmqstore.errors import ConfigError
+
+    root, cfg = _bcq_store(tmp_path)
+    with pytest.raises(ConfigError, match="broker-version 5"):
+        MessageStore.open(root, cfg.with_values(broker_version="4.9"), create=True)
+    assert sorted(p.name for p in root.iterdir()) == ["config", "lock"]  # (the lock, taken first)

@@ -13,9 +13,8 @@ the last, as a broker's start does.
 from __future__ import annotations
 
 import os
-from pathlib import Path
-
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import ConfigError, OffsetError, RecordError, RefusedError
 from ..files.commitlog import Check, CommitLog, ScanEnd
@@ -69,8 +68,6 @@ def queue_kinds(cfg: StoreConfig) -> QueueKinds:
     from ..format.rules import LMQ_PREFIX
     from ..scan.dispatch_5x import topic_queue_types
 
-    if cfg.broker_version == "4.9":
-        return QueueKinds()
     root = Path(cfg.store_path_root_dir)
 
     def dirs(folder: str) -> set[str]:
@@ -81,6 +78,20 @@ def queue_kinds(cfg: StoreConfig) -> QueueKinds:
     conf = topic_queue_types(root)
     types = conf[1] if conf is not None else {}
     where = f"config/{conf[0]}" if conf is not None else ""
+    lmq_dirs = sorted(n for n in cq_dirs if n.startswith(LMQ_PREFIX))
+    if cfg.broker_version == "4.9":
+        # 4.9 has no BatchConsumeQueue, and its MultiDispatch follows other rules
+        # (design-14 §5.1 R4): a 4.9 writer would write the wrong queues.
+        why = (f"{FOLDER}/{sorted(bcq_dirs)[0]}/ exists" if bcq_dirs
+               else f"{where} has queue.type=BatchCQ" if "BatchCQ" in types.values()
+               else f"consumequeue/{lmq_dirs[0]}/ exists" if lmq_dirs
+               else "enableLmq/enableMultiDispatch is set"
+               if cfg.enable_lmq or cfg.enable_multi_dispatch else None)
+        if why is not None:
+            raise ConfigError(f"append refused: {why}, a RocketMQ 5.x queue kind, and the store "
+                              "is written with 4.9's conventions: pass --broker-version 5 "
+                              "(nothing was changed)", root)
+        return QueueKinds()
     for t in sorted(bcq_dirs & cq_dirs):
         raise ConfigError(f"append refused: topic {t!r} has both consumequeue/{t}/ and "
                           f"{FOLDER}/{t}/; one topic has one kind of queue (nothing was changed)",
@@ -97,7 +108,6 @@ def queue_kinds(cfg: StoreConfig) -> QueueKinds:
                                   f"but consumequeue/{t}/ holds its ConsumeQueues; the files are "
                                   f"the truth: fix {where} (nothing was changed)", root)
             batch.add(t)
-    lmq_dirs = sorted(n for n in cq_dirs if n.startswith(LMQ_PREFIX))
     multi, enable = cfg.enable_multi_dispatch, cfg.enable_lmq
     if lmq_dirs:
         if cfg.sources.get("enable_multi_dispatch") not in (None, "default") and not multi:
