@@ -602,3 +602,31 @@ def test_a_49_writer_refuses_a_store_with_5x_queue_kinds(tmp_path):
     with pytest.raises(ConfigError, match="broker-version 5"):
         MessageStore.open(root, cfg.with_values(broker_version="4.9"), create=True)
     assert sorted(p.name for p in root.iterdir()) == ["config", "lock"]  # (the lock, taken first)
+
+
+def test_property_crcs_on_inner_batches_and_lmq_records_verify(tmp_path):
+    # design-14 §6: the __CRC32# entry goes on every record kind; verify (the files alone
+    # saying prop-crc, BatchCQ and LMQ) finds every record and unit in order.
+    from test_append_fixtures import _rmqstore
+
+    from rmqstore.format.crc import record_prop_crc
+    from rmqstore.format.message import Message
+
+    root, cfg = _bcq_store(tmp_path)
+    cfg = cfg.with_values(enabled_append_prop_crc=True, enable_lmq=True, enable_multi_dispatch=True)
+    with MessageStore.open(root, cfg, create=True) as st:
+        rs = [st.put(Message(topic="B", body=b"xyz", sys_flag=0xC0,
+                             properties={"INNER_NUM": "3", "UNIQ_KEY": "U1"})),
+              st.put(Message(topic="T", body=b"lmq", properties={
+                  "INNER_MULTI_DISPATCH": "%LMQ%r", "__CRC32#": "0000000123"})),
+              st.put(Message(topic="B", body=b"plain"))]
+    assert all(r.ok for r in rs)
+    data = (root / "commitlog" / f"{0:020d}").read_bytes()
+    for r in rs:
+        rec = data[r.offset:r.offset + r.size]
+        digits = str(record_prop_crc(rec)).zfill(10)[::-1].encode()
+        assert rec.endswith(b"__CRC32#\x01" + digits + b"\x02")
+        assert rec.count(b"__CRC32#") == 1
+    res = _rmqstore("verify", str(root), "--format", "jsonl")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert '"severity":"error"' not in res.stdout and '"severity":"warning"' not in res.stdout, res.stdout
