@@ -1,5 +1,5 @@
 """The fast put paths (single put_message, vectorised batch.put_messages, dispatch_record,
-dispatch_columns) write exactly the bytes of the general path (prepare + append /
+the bulk dispatch_columns) write exactly the bytes of the general path (prepare + append /
 append_batch + dispatch), which the fixture tests tie to RocketMQ."""
 
 from __future__ import annotations

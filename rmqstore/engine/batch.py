@@ -27,8 +27,8 @@ equivalent messages, so results never depend on which path ran.
 array and the topic fields with :func:`rmqstore.format.record.topic_field` (through the
 appender's topic entries): the vector form of :func:`rmqstore.format.record.encode_record`,
 which tests/test_one_encoder.py pins them to. The properties pieces are
-:mod:`rmqstore.engine.batch_properties`'s, the sync dispatch
-:mod:`rmqstore.engine.batch_dispatch`'s.
+:mod:`rmqstore.engine.batch_properties`'s; both hand what they wrote to dispatch as
+:class:`~rmqstore.engine.batch_dispatch.WrittenColumns`.
 """
 from __future__ import annotations
 
@@ -271,9 +271,9 @@ def put_columns(a, batch: MessageBatch, stamp: bool, record=None):
         a.last_store_timestamp = store_ts if isinstance(store_ts, int) else int(store_ts[-1])
         if record is not None:
             cols = WrittenColumns(topic if single else None, topics, distinct, ranks.queue_ids,
-                                  qoffs, phys, totals, sys_arr, tx, store_ts, batch, texts,
-                                  cols_info, ranks.order, ranks.codes, ranks.keys, ranks.used,
-                                  base)
+                                  qoffs, phys, totals, sys_arr, tx, store_ts, ranks.keys,
+                                  ranks.codes, ranks.used, ranks.order, base,
+                                  properties=batch.properties, cols=cols_info, texts=texts)
             try:
                 record(cols)
             except StoreIOError as e:  # the batch is written: it is put (MessageStore._failed)
@@ -307,13 +307,13 @@ def _column(values, dtype=np.int64) -> np.ndarray | int:
     return np.array(values, dtype=dtype)
 
 
-def put_messages(a, msgs: Sequence[Message], stamp: bool, record_many=None):
+def put_messages(a, msgs: Sequence[Message], stamp: bool, record=None):
     """A regular batch (spec §3.7) encoded with numpy: the bytes, checks and statuses
     of prepare() + :meth:`append_batch` for the usual batch. Returns None when the
     batch needs the general path (a refused message, magic v2, mixed host widths,
     long properties or bodies), or (results, first record offset).
 
-    ``record_many(columns)`` dispatches the records under the lock.
+    ``record(WrittenColumns)`` dispatches the records under the lock.
     """
     n = len(msgs)
     cols = list(zip(*map(_BATCH_FIELDS, msgs)))
@@ -389,12 +389,12 @@ def put_messages(a, msgs: Sequence[Message], stamp: bool, record_many=None):
         counters = a.queue_offsets
         base, qoffs = ranks.queue_offsets(counters)
         if stamp:
-            now = now_ms()
-            ts_list = [now] * n
-            hdr["store_timestamp"] = now
+            ts = now_ms()
+            ts_list = [ts] * n
         else:
             ts_list = store_ts
-            hdr["store_timestamp"] = _column(store_ts)
+            ts = _column(store_ts)
+        hdr["store_timestamp"] = ts
         hdr["queue_offset"] = qoffs
         hdr["physical_offset"] = phys
         heads = hdr.view(f"V{fixed}").tolist()
@@ -402,10 +402,14 @@ def put_messages(a, msgs: Sequence[Message], stamp: bool, record_many=None):
         a.place(data, total)
         ranks.advance_counters(counters, base)  # once written
         a.last_store_timestamp = ts_list[-1]
-        if record_many is not None:
+        if record is not None:
+            cols = WrittenColumns(topics[0] if len(distinct) == 1 else None, list(topics),
+                                  distinct, ranks.queue_ids, qoffs, phys, totals, sys_arr,
+                                  sys_arr & _TX_MASK, ts, ranks.keys, ranks.codes, ranks.used,
+                                  ranks.order, base, parsed=parsed,
+                                  texts=texts if parsed is None else None)
             try:
-                record_many(topics, distinct, qids, qoffs, phys, totals, sys_arr, ts_list,
-                            parsed, texts)
+                record(cols)
             except StoreIOError as e:
                 a.dispatch_failed(e)
     if len(store_set) == 1:

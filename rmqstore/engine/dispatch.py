@@ -11,7 +11,9 @@ For every record, in CommitLog order:
 
 :class:`Dispatcher` does this synchronously, for records the appender has just written
 (it already knows their fields, so nothing is re-read); its index side, and the keys
-that wait to be put together, are :class:`~rmqstore.engine.index_keys.IndexKeys`'.
+that wait to be put together, are :class:`~rmqstore.engine.index_keys.IndexKeys`'. Many
+records at once go through the one bulk dispatch,
+:func:`rmqstore.engine.batch_dispatch.dispatch_columns`.
 :class:`~rmqstore.engine.dispatch_modes.BackgroundDispatcher` runs it on a thread that
 follows the appender, like the broker's ReputMessageService.
 :meth:`Dispatcher.dispatch_log` re-reads records from the files, for catching up after a
@@ -20,7 +22,6 @@ crash or when reopening a store whose queues lag its CommitLog.
 
 from __future__ import annotations
 
-import operator
 from pathlib import Path
 from typing import Sequence
 
@@ -28,12 +29,13 @@ import numpy as np
 
 from ..format import layout as L
 from .append import Appended
+from .batch_dispatch import appended_columns, dispatch_columns
 from ..format.rules import (SCHEDULE_TOPIC, bcq_base_and_num, gets_cq_unit, gets_index_keys,
                             lmq_targets, tags_hash)
 from ..format.message import parse_properties
 from ..files.batchconsumequeue import FOLDER as BCQ_FOLDER, BatchConsumeQueueWriter
 from ..files.consumequeue_writer import ConsumeQueueWriter
-from ..format.hashing import index_hashes, token_hash
+from ..format.hashing import token_hash
 from ..files.names import queue_dir
 from .index_keys import DEFER_BYTES, DEFER_MAX, PENDING_MAX, IndexKeys
 
@@ -129,6 +131,11 @@ class Dispatcher(IndexKeys):
                 self._tags.clear()
             code = self._tags[tags] = tags_hash(tags)
         return code
+
+    def queue_writer(self, key: tuple[str, int]) -> ConsumeQueueWriter:
+        """The writer of queue ``key`` (topic, queueId), opened on first use."""
+        w = self._writers.get(key)
+        return w if w is not None else self._writer(*key)
 
     def put_units(self, key: tuple[str, int], queue_offset: int, data: bytes,
                   first_end: int, last_end: int, units: np.ndarray) -> None:
@@ -279,138 +286,15 @@ class Dispatcher(IndexKeys):
                                     index.put_hash(h, offset, store_timestamp)
         self.dispatched += 1
 
-    def dispatch_columns(self, topics, distinct, queue_ids, queue_offsets, offsets, sizes,
-                         sys_flags, store_timestamps, props, texts) -> None:
-        """:meth:`dispatch` for a batch the appender encoded, as columns (numpy arrays for
-        the numbers; ``props`` None means parse ``texts``). Same bytes as one by one."""
-        self.settle_index()
-        n = len(topics)
-        if n < 16 or self._special:  # (a 5.x store's queue kinds: per record)
-            for i in range(n):
-                self.dispatch_record(topics[i], int(queue_ids[i]), int(queue_offsets[i]),
-                                     int(offsets[i]), int(sizes[i]), int(sys_flags[i]),
-                                     store_timestamps[i], props[i] if props is not None else None,
-                                     texts[i])
-            return
-        if props is None:
-            props = list(map(parse_properties, texts))
-        cq = gets_cq_unit(sys_flags)
-        getter = operator.methodcaller("get", "TAGS")
-        tags = list(map(getter, props))
-        codes_of = {None: 0, "": 0}
-        for t in set(tags):
-            if t not in codes_of:
-                c = self._tags.get(t)
-                codes_of[t] = tags_hash(t) if c is None else c
-        codes = np.fromiter(map(codes_of.__getitem__, tags), dtype=np.int64, count=n)
-        if SCHEDULE_TOPIC in distinct:
-            for i in np.flatnonzero(cq).tolist():
-                if topics[i] == SCHEDULE_TOPIC:
-                    codes[i] = self._tags_code(topics[i], props[i], store_timestamps[i])
-        ts = np.asarray(store_timestamps, dtype=np.int64)
-        if len(distinct) == 1:
-            topic = topics[0]
-            groups = [((topic, q), queue_ids == q) for q in np.unique(queue_ids[cq]).tolist()]
-        else:
-            kmap: dict = {}
-            kc = np.fromiter((kmap.setdefault(x, len(kmap)) for x in zip(topics, queue_ids.tolist())),
-                             dtype=np.int64, count=n)
-            groups = [(key, kc == c) for key, c in kmap.items()]
-        last_ts = None
-        for (topic, qid), sel in groups:
-            sel = sel & cq
-            if sel.any():
-                self._writer(topic, qid).put_many(queue_offsets[sel], offsets[sel], sizes[sel], codes[sel])
-        if cq.any():
-            last_ts = int(ts[np.flatnonzero(cq)[-1]])
-            self.logics_timestamp = last_ts
-        index = self.index
-        if index is not None:
-            if not index.files or index.files[-1].is_write_full:
-                index.current_file()  # the first dispatched record creates a file (§7.5)
-            indexed = gets_index_keys(sys_flags)
-            uniqs = list(map(operator.methodcaller("get", "UNIQ_KEY"), props))
-            keys = list(map(operator.methodcaller("get", "KEYS"), props))
-            if uniqs.count(None) == n and len(distinct) == 1 and None not in keys \
-                    and " " not in "".join(keys) and "" not in keys and bool(indexed.all()):
-                # The usual case: one token per record.
-                h = self._index_hashes_of(topics[0], keys)
-                if h is not None:
-                    index.put_hashes(h, offsets, ts, skip_stale=True)
-                    self.dispatched += n
-                    return
-            full, kphy, kts = [], [], []
-            ok = indexed.tolist()
-            offs = offsets.tolist()
-            tsl = ts.tolist()
-            for i in range(n):
-                if not ok[i]:
-                    continue
-                topic = topics[i]
-                if uniqs[i] is not None:
-                    full.append(f"{topic}#{uniqs[i]}")
-                    kphy.append(offs[i])
-                    kts.append(tsl[i])
-                k = keys[i]
-                if k:
-                    for t in k.split(" "):
-                        if t:
-                            full.append(f"{topic}#{t}")
-                            kphy.append(offs[i])
-                            kts.append(tsl[i])
-            if full:
-                index.put_hashes(index_hashes(full), kphy, kts, skip_stale=True)
-        self.dispatched += n
-
     def dispatch_many(self, records: Sequence[Appended]) -> None:
-        """:meth:`dispatch` for records in CommitLog order, vectorised: CQ units go to
-        each queue with one bulk write, index keys are hashed together (same bytes)."""
-        self.settle_index()
+        """:meth:`dispatch` for records in CommitLog order, in bulk: the one columnar
+        dispatch, :func:`rmqstore.engine.batch_dispatch.dispatch_columns` (same bytes)."""
         if len(records) < 32 or self._special:  # (a 5.x store's queue kinds: per record)
+            self.settle_index()
             for a in records:
                 self.dispatch(a)
             return
-        groups: dict[tuple[str, int], tuple[list, list, list, list]] = {}
-        keys: list[str] = []
-        key_phy: list[int] = []
-        key_ts: list[int] = []
-        last_ts = None
-        tags_code = self._tags_code
-        index = self.index
-        for a in records:
-            props = a.properties
-            if gets_cq_unit(a.sys_flag):
-                g = groups.get((a.topic, a.queue_id))
-                if g is None:
-                    g = groups[(a.topic, a.queue_id)] = ([], [], [], [])
-                g[0].append(a.queue_offset)
-                g[1].append(a.offset)
-                g[2].append(a.size)
-                g[3].append(tags_code(a.topic, props, a.store_timestamp))
-                last_ts = a.store_timestamp
-            if index is not None and gets_index_keys(a.sys_flag):
-                uniq = props.get("UNIQ_KEY")
-                if uniq is not None:
-                    keys.append(f"{a.topic}#{uniq}")
-                    key_phy.append(a.offset)
-                    key_ts.append(a.store_timestamp)
-                k = props.get("KEYS")
-                if k:
-                    for t in k.split(" "):
-                        if t:
-                            keys.append(f"{a.topic}#{t}")
-                            key_phy.append(a.offset)
-                            key_ts.append(a.store_timestamp)
-        for (topic, qid), (qo, phy, size, tags) in groups.items():
-            self._writer(topic, qid).put_many(qo, phy, size, tags)
-        if last_ts is not None:
-            self.logics_timestamp = last_ts
-        if index is not None:
-            if not index.files:
-                index.current_file()  # the first dispatched record creates a file (§7.5)
-            if keys:
-                index.put_hashes(index_hashes(keys), key_phy, key_ts, skip_stale=True)
-        self.dispatched += len(records)
+        dispatch_columns(self, appended_columns(records))
 
     def dispatch_log(self, commitlog, start: int, end: int | None = None) -> int:
         """Re-read records in ``[start, end)`` from a :class:`~rmqstore.files.commitlog.CommitLog`

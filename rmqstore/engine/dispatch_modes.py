@@ -25,17 +25,15 @@ class Hooks(NamedTuple):
     """What a put calls under the append lock to dispatch what it wrote (None: nothing)."""
 
     record: object  # (topic, queue_id, queue_offset, offset, size, sys_flag, ts, props, text)
-    record_many: object  # (topics, distinct, qids, qoffs, phys, sizes, sys_flags, ts, props, texts)
-    columns: object  # (WrittenColumns)
+    columns: object  # (WrittenColumns): put_batch's and put_columns' records
 
 
 def hooks(mode: str, dispatcher, background: "BackgroundDispatcher | None") -> Hooks:
-    """The single put's, ``put_batch``'s and ``put_columns``' dispatch in ``mode``."""
+    """The single put's dispatch and the batch puts' (one columnar form) in ``mode``."""
     if mode == "sync":
-        return Hooks(dispatcher.dispatch_record, dispatcher.dispatch_columns,
-                     lambda c: dispatch_columns(dispatcher, c))
+        return Hooks(dispatcher.dispatch_record, lambda c: dispatch_columns(dispatcher, c))
     if mode == "off":
-        return Hooks(None, None, None)
+        return Hooks(None, None)
     submit = background.submit
 
     def to_background(topic, queue_id, queue_offset, offset, size, sys_flag, ts, props, text):
@@ -43,15 +41,7 @@ def hooks(mode: str, dispatcher, background: "BackgroundDispatcher | None") -> H
             props = parse_properties(text)
         submit([Appended(offset, size, topic, queue_id, queue_offset, sys_flag, ts, props)])
 
-    def many_to_background(topics, distinct, qids, qoffs, phys, sizes, sys_flags, ts,
-                           props, texts):
-        if props is None:
-            props = list(map(parse_properties, texts))
-        submit([Appended(o, s, t, q, qo, f, x, p) for o, s, t, q, qo, f, x, p in zip(
-            phys.tolist(), sizes.tolist(), topics, qids.tolist(), qoffs.tolist(),
-            sys_flags.tolist(), ts, props)])
-
-    return Hooks(to_background, many_to_background, lambda c: submit(c.appended()))
+    return Hooks(to_background, lambda c: submit(c.appended()))
 
 
 class BackgroundDispatcher:

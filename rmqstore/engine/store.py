@@ -193,7 +193,7 @@ class MessageStore:
         self.dispatch_mode = dispatch
         self.background = BackgroundDispatcher(self.dispatcher) if dispatch == "background" else None
         # What the puts call under the append lock for what they wrote (dispatch).
-        self._record, self._record_many, self._columns_record = hooks(
+        self._record, self._columns_record = hooks(
             dispatch, self.dispatcher, self.background)
         self._sync_flush = self.flusher.sync
         self._put_message = self.appender.put_message  # the single put's fast path
@@ -354,7 +354,7 @@ class MessageStore:
             if why is not None:
                 return [PutResult(PutStatus.MESSAGE_ILLEGAL, reason=why) for _ in msgs]
         elif len(msgs) > 1 and not self._prop_crc:
-            results = batch.put_messages(self.appender, msgs, stamp, self._record_many)
+            results = batch.put_messages(self.appender, msgs, stamp, self._columns_record)
             if results is not None:
                 return self._flushed(results)
         preps = []
