@@ -9,7 +9,8 @@ many records at once, ``engine/`` the writer, ``recovery/`` verify, repair and r
 top level (``reader``, ``stats``, ``pipeline/``...) serves the CLI and scripts. A module may
 import its own layer and the layers below; an import inside a function counts too (it
 runs later, but it is still a dependency). Cycles are counted among imports that run when
-a module is imported (module and class bodies, not functions).
+a module is imported (module and class bodies, not functions). No module reaches another's
+private names (``from .x import _name``, ``x._name``): what is shared is public.
 """
 
 from __future__ import annotations
@@ -90,6 +91,44 @@ def import_edges(root: Path, packages=("rmqstore", "cli")):
     return edges
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_uses(root: Path, packages=("rmqstore", "cli")) -> list[str]:
+    """``from x import _name`` and ``x._name`` (``x`` a module imported by name) of our
+    modules, each as "module:line: what"."""
+    files = {_module_name(p, root): p for pkg in packages for p in (root / pkg).rglob("*.py")}
+    out = []
+    for mod, path in sorted(files.items()):
+        pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        tree = ast.parse(path.read_text())
+        aliases = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")[:len(pkg.split(".")) - (node.level - 1)]
+                    src = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    src = node.module or ""
+                if src.split(".")[0] not in packages:
+                    continue
+                for a in node.names:
+                    if _private(a.name):
+                        out.append(f"{mod}:{node.lineno}: from {src} import {a.name}")
+                    elif f"{src}.{a.name}" in files:
+                        aliases.add(a.asname or a.name)
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in files and a.asname:
+                        aliases.add(a.asname)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr) \
+                    and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                out.append(f"{mod}:{node.lineno}: {node.value.id}.{node.attr}")
+    return out
+
+
 def upward(edges) -> list[str]:
     return sorted({f"{a} ({LAYERS[layer(a)][0]}) imports {b} ({LAYERS[layer(b)][0]})"
                    for a, b, _ in edges if layer(b) > layer(a)})
@@ -142,6 +181,12 @@ def test_no_import_cycles():
     assert not found, f"modules that import each other when imported: {found}"
 
 
+def test_no_module_reaches_another_modules_private_names():
+    found = private_uses(REPO)
+    assert not found, "private names used across modules (make them public where they " \
+        "belong):\n" + "\n".join(found)
+
+
 def test_every_rmqstore_package_is_a_known_layer():
     """A new package under rmqstore/ gets its place in LAYERS (else it is top level by
     accident)."""
@@ -166,3 +211,9 @@ def test_the_checks_see_an_upward_import_and_a_cycle(tmp_path):
     assert cycles(edges) == [["rmqstore.engine.batch", "rmqstore.engine.store"]]
     assert layer("rmqstore.stats") == TOP and layer("rmqstore.pipeline.jobs") == TOP
     assert layer("rmqstore") == 0 and layer("rmqstore.formatting") == TOP
+    (pkg / "engine" / "batch.py").write_text("from .store import _x\nfrom . import store as s\n"
+                                             "from ..format import rules\n"
+                                             "y = s._y + rules._z + s.__doc__ + rules.f\n")
+    assert private_uses(tmp_path, packages=("rmqstore",)) == [
+        "rmqstore.engine.batch:1: from rmqstore.engine.store import _x",
+        "rmqstore.engine.batch:4: s._y", "rmqstore.engine.batch:4: rules._z"]

@@ -204,7 +204,8 @@ def _key(fd_or_path: int | Path) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _held_here(path: Path) -> bool:
+def held_here(path: Path) -> bool:
+    """Does this process hold the lock file ``path`` (a StoreLock of ours)?"""
     # Checked by path before any open: closing even a probe descriptor drops our lock.
     try:
         return _key(path) in _HELD
@@ -223,7 +224,7 @@ class StoreLock:
         self._fd: int | None = None
 
     def acquire(self) -> "StoreLock":
-        if _held_here(self.path):
+        if held_here(self.path):
             raise StoreLockedError("this process already holds the store lock", self.path)
         try:
             fd = _open_in_store(self.path, os.O_RDWR | os.O_CREAT)
@@ -292,7 +293,7 @@ def is_locked(root: str | os.PathLike) -> bool:
     (without writing) and the lock is tried and released at once.
     """
     path = Path(root) / LOCK
-    if _held_here(path):
+    if held_here(path):
         return True
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block

@@ -27,13 +27,13 @@ from typing import Iterable, Iterator
 from ..errors import ConfigError, NotAStoreError, OffsetError, RecordError
 from ..format.dledger_layout import (DLEDGER_BLANK_MAGIC, DLEDGER_BODY_OFFSET, DLEDGER_HEADER_SIZE,
                                      DLEDGER_MAGIC, ENTRY_HEADER_SIZE, ENTRY_HEADER_STRUCT,
-                                     EntryHeader, entry_pos, record_offset)
+                                     EntryHeader, entry_pos, java_int, record_offset)
 from ..format.message import Message
 from ..format.record import decode_record
 from .dledger_chain import (CLEAN_ENDS, END_BAD_BODY_SIZE, END_BAD_INDEX, END_BAD_MAGIC,
                             END_BAD_POS, END_BAD_TERM, END_LAST_BLANK, END_NO_FILES,
                             END_PAST_FILE, END_SHORT, END_SIZE_ZERO, END_TOO_SMALL, ChainEnd,
-                            EntryRun, _IndexStream, _java_int)
+                            EntryRun, IndexStream)
 from .dledger_files import (LEDGER_DIR, CurrTerm, LedgerCheckpoint, LedgerFiles, find_ledger_dirs,
                             list_files, read_checkpoint, read_currterm)
 from .dledger_walk import ChainWalk
@@ -59,7 +59,7 @@ class DLedgerLog(ChainWalk):
                                 data_file_size=data_file_size, index_file_size=index_file_size)
         self.checkpoint = read_checkpoint(self.ledger_dir)
         self.currterm = read_currterm(self.ledger_dir)
-        self._index = _IndexStream(self.files.index)
+        self._index = IndexStream(self.files.index)
         self._end: ChainEnd | None = None
 
     def __enter__(self) -> "DLedgerLog":
@@ -139,7 +139,7 @@ class DLedgerLog(ChainWalk):
             why = f"bad DLedger entry magic {h.magic}"
         elif h.pos != pos:
             why = f"entry says its pos is {h.pos}"
-        elif _java_int(h.body_size + DLEDGER_BODY_OFFSET) != h.size:
+        elif java_int(h.body_size + DLEDGER_BODY_OFFSET) != h.size:
             why = f"entry size {h.size} != body size {h.body_size} + {DLEDGER_BODY_OFFSET}"
         elif h.size <= DLEDGER_HEADER_SIZE:
             why = f"entry size {h.size} is too small"

@@ -16,8 +16,7 @@ import numpy as np
 from ..errors import OffsetError, RecordError, SegmentError
 from ..format import layout as L
 from ..format.dledger_layout import (DLEDGER_BODY_OFFSET, DLEDGER_INDEX_UNIT_SIZE,
-                                     ENTRY_HEADER_DTYPE, ENTRY_HEADER_SIZE, INDEX_UNIT_DTYPE,
-                                     INDEX_UNIT_STRUCT)
+                                     INDEX_UNIT_DTYPE, INDEX_UNIT_STRUCT)
 from .segments import Segment, SegmentQueue
 
 #: Why the entry chain ends (ChainEnd.reason), in DLedgerMmapFileStore#recover's order.
@@ -34,11 +33,6 @@ END_BAD_TERM = "bad-term"
 END_TOO_SMALL = "too-small"
 #: Ends that are not damage (the chain stopped where the writer stopped).
 CLEAN_ENDS = frozenset({END_NO_FILES, END_SIZE_ZERO, END_LAST_BLANK})
-
-#: Index units gathered per vectorised step: the first try, and the most (32 MiB of units).
-_FIRST_WINDOW = 1 << 12
-_WINDOW = 1 << 20
-
 
 @dataclass
 class EntryRun:
@@ -133,13 +127,6 @@ class ChainEnd:
                            self.path, self.offset)
 
 
-class _Ended(Exception):
-    """Internal: one frame ends the walk of a file (reason, detail)."""
-
-    def __init__(self, reason: str, detail: str):
-        self.reason, self.detail = reason, detail
-
-
 def _gather_int(u8: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
     """Big-endian signed ints of ``width`` bytes at each of ``pos`` (int64); positions
     past the end read as 0 (callers check that what they accept fits)."""
@@ -153,30 +140,7 @@ def _gather_int(u8: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
     return np.where(ok, view[np.clip(pos, 0, n - 1)].astype(np.int64), 0)
 
 
-def _headers_at(u8: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """The entry headers at ``pos`` (all with ``pos + 48 <= len(u8)``) as one copy."""
-    top = len(u8) - ENTRY_HEADER_SIZE
-    raw = np.ndarray(shape=(top + 1,), dtype=f"V{ENTRY_HEADER_SIZE}", buffer=u8, offset=0,
-                     strides=(1,))
-    return raw[pos].view(ENTRY_HEADER_DTYPE)
-
-
-def _columns(rows: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, ...]:
-    """(pos, size, index, term) columns of entries walked one by one."""
-    a = np.array(rows, dtype=np.int64).reshape(-1, 4)
-    return a[:, 0].copy(), a[:, 1].copy(), a[:, 2].copy(), a[:, 3].copy()
-
-
-def _first_false(mask: np.ndarray) -> int:
-    return len(mask) if mask.all() else int(np.argmin(mask))
-
-
-def _java_int(v: int) -> int:
-    """``v`` as a Java int after overflow (``bodySize + BODY_OFFSET`` is int arithmetic)."""
-    return (v + 2**31) % 2**32 - 2**31
-
-
-class _IndexStream:
+class IndexStream:
     """Units of the DLedger index, read the way ``MmapFileList#getData`` finds them."""
 
     def __init__(self, queue: SegmentQueue):
@@ -218,17 +182,3 @@ class _IndexStream:
         if not parts:
             return np.zeros(0, dtype=INDEX_UNIT_DTYPE)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
-class _Chain:
-    """State of one walk: the last entry kept and what has been seen."""
-
-    def __init__(self):
-        self.last_index = -1
-        self.last_term = -1
-        self.last_entry_end = -1
-        self.entries = 0
-        self.index_rewrite_from: int | None = None
-        self.target_end: int | None = None  # end of the entry the checkpoint names
-        self.damage: list[RecordError] = []
-

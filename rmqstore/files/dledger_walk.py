@@ -16,14 +16,52 @@ import numpy as np
 
 from ..errors import RecordError
 from ..format.dledger_layout import (DLEDGER_BLANK_MAGIC, DLEDGER_BODY_OFFSET, DLEDGER_HEADER_SIZE,
-                                     DLEDGER_MAGIC, ENTRY_HEADER_SIZE, ENTRY_HEADER_STRUCT,
-                                     EntryHeader, I32_STRUCT as _I32)
+                                     DLEDGER_MAGIC, ENTRY_HEADER_DTYPE, ENTRY_HEADER_SIZE,
+                                     ENTRY_HEADER_STRUCT, EntryHeader, I32_STRUCT as _I32,
+                                     java_int)
+from .consumequeue import first_false
 from .dledger_chain import (END_BAD_BODY_SIZE, END_BAD_INDEX, END_BAD_MAGIC, END_BAD_POS,
                             END_BAD_TERM, END_LAST_BLANK, END_NO_FILES, END_PAST_FILE, END_SHORT,
-                            END_SIZE_ZERO, END_TOO_SMALL, _FIRST_WINDOW, _WINDOW, ChainEnd,
-                            EntryRun, _Chain, _columns, _Ended, _first_false, _headers_at,
-                            _java_int)
+                            END_SIZE_ZERO, END_TOO_SMALL, ChainEnd, EntryRun)
 from .segments import Segment
+
+#: Index units gathered per vectorised step: the first try, and the most (32 MiB of units).
+_FIRST_WINDOW = 1 << 12
+_WINDOW = 1 << 20
+
+
+class _Ended(Exception):
+    """Internal: one frame ends the walk of a file (reason, detail)."""
+
+    def __init__(self, reason: str, detail: str):
+        self.reason, self.detail = reason, detail
+
+
+def _headers_at(u8: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """The entry headers at ``pos`` (all with ``pos + 48 <= len(u8)``) as one copy."""
+    top = len(u8) - ENTRY_HEADER_SIZE
+    raw = np.ndarray(shape=(top + 1,), dtype=f"V{ENTRY_HEADER_SIZE}", buffer=u8, offset=0,
+                     strides=(1,))
+    return raw[pos].view(ENTRY_HEADER_DTYPE)
+
+
+def _columns(rows: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, ...]:
+    """(pos, size, index, term) columns of entries walked one by one."""
+    a = np.array(rows, dtype=np.int64).reshape(-1, 4)
+    return a[:, 0].copy(), a[:, 1].copy(), a[:, 2].copy(), a[:, 3].copy()
+
+
+class _Chain:
+    """State of one walk: the last entry kept and what has been seen."""
+
+    def __init__(self):
+        self.last_index = -1
+        self.last_term = -1
+        self.last_entry_end = -1
+        self.entries = 0
+        self.index_rewrite_from: int | None = None
+        self.target_end: int | None = None  # end of the entry the checkpoint names
+        self.damage: list[RecordError] = []
 
 
 class ChainWalk:
@@ -40,7 +78,7 @@ class ChainWalk:
             return False
         if h.size <= DLEDGER_HEADER_SIZE or h.pos != seg.start:
             return False
-        if _java_int(h.body_size + DLEDGER_BODY_OFFSET) != h.size:
+        if java_int(h.body_size + DLEDGER_BODY_OFFSET) != h.size:
             return False
         u = self._index.unit(h.index)
         return u is not None and u == (h.magic, seg.start, h.size, h.index, h.term)
@@ -77,10 +115,10 @@ class ChainWalk:
             raise _Ended(END_SIZE_ZERO, f"entry size 0 at {where}")
         if pos != where:
             raise _Ended(END_BAD_POS, f"entry at {where} says its pos is {pos}")
-        if _java_int(body_size + DLEDGER_BODY_OFFSET) != size:
+        if java_int(body_size + DLEDGER_BODY_OFFSET) != size:
             raise _Ended(END_BAD_BODY_SIZE, f"entry at {where}: size {size} != body size "
                                             f"{body_size} + {DLEDGER_BODY_OFFSET}")
-        if not 0 <= _java_int(p + size) <= limit:
+        if not 0 <= java_int(p + size) <= limit:
             raise _Ended(END_PAST_FILE, f"entry at {where} of {size} bytes runs past the "
                                         f"end of {seg.path.name}")
         if magic != DLEDGER_MAGIC:
@@ -109,7 +147,7 @@ class ChainWalk:
         if len(units) == 0:
             return None
         upos = units["pos"].astype(np.int64) - seg.start
-        n = _first_false((upos >= p) & (upos + ENTRY_HEADER_SIZE <= limit))
+        n = first_false((upos >= p) & (upos + ENTRY_HEADER_SIZE <= limit))
         if n == 0 or upos[0] != p:
             return None
         upos, units = upos[:n], units[:n]
@@ -124,14 +162,14 @@ class ChainWalk:
               & (nxt <= limit) & (index == e + np.arange(n))
               & (term >= np.concatenate(([chain.last_term], term[:-1]))))
         ok[1:] &= upos[1:] == nxt[:-1]
-        k = _first_false(ok)
+        k = first_false(ok)
         if k == 0:
             return None
         if compare and chain.index_rewrite_from is None:
             same = ((units["magic"][:k] == h["magic"][:k]) & (units["size"][:k] == h["size"][:k])
                     & (units["index"][:k] == h["index"][:k]) & (units["term"][:k] == h["term"][:k]))
             if not same.all():
-                chain.index_rewrite_from = int(index[_first_false(same)])
+                chain.index_rewrite_from = int(index[first_false(same)])
         return upos[:k], size[:k], index[:k], term[:k]
 
     def _runs(self, target: int | None) -> Iterator[EntryRun]:

@@ -92,3 +92,8 @@ def record_offset(entry_pos: int) -> int:
 def entry_pos(record_offset: int) -> int:
     """Position of the entry holding the record at CommitLog offset ``record_offset``."""
     return record_offset - DLEDGER_BODY_OFFSET
+
+
+def java_int(v: int) -> int:
+    """``v`` as a Java int after overflow (``bodySize + BODY_OFFSET`` is int arithmetic)."""
+    return (v + 2**31) % 2**32 - 2**31

@@ -119,6 +119,17 @@ def record_fits(buf, at: int, left: int, magics: tuple[int, ...] = L.MESSAGE_MAG
     return total if fields_size(buf, at, left) == total else "half record"
 
 
+def head_store_timestamp(buf, pos: int, limit: int) -> int | None:
+    """STORETIMESTAMP of a record header at ``pos`` (at 48+B, spec §3.1), if readable."""
+    if limit - pos < 64:
+        return None
+    sys_flag = L.HEAD_FIELD_STRUCT["sys_flag"].unpack_from(buf, pos + L.OFFSET_OF["sys_flag"])[0]
+    at = pos + L.RECORD_FIXED_OFFSETS[bool(sys_flag & L.SYSFLAG_BORNHOST_V6), False]["store_timestamp"][0]
+    if at + 8 > limit:
+        return None
+    return int.from_bytes(buf[at:at + 8], "big", signed=True)
+
+
 def _host_bits(born: Host, store: Host) -> int:
     return (L.SYSFLAG_BORNHOST_V6 if born.is_v6 else 0) | (L.SYSFLAG_STOREHOST_V6 if store.is_v6 else 0)
 

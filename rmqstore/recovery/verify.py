@@ -36,6 +36,7 @@ import numpy as np
 
 from ..files import checkpoint as ckpt
 from ..format import layout as L
+from ..format.record import head_store_timestamp
 from ..files.commitlog import check_record
 from ..files.config import SEGMENT_NAME, StoreConfig, config_for
 from ..errors import NotAStoreError
@@ -103,17 +104,6 @@ def _tail(buf, pos: int, limit: int) -> tuple[str, str, int]:
     return "garbage", f"{len(nz)} non-zero bytes of garbage within the next {last} bytes", last
 
 
-def _header_ts(buf, pos: int, limit: int) -> int | None:
-    """STORETIMESTAMP of a record header at ``pos`` (at 48+B, spec §3.1), if readable."""
-    if limit - pos < 64:
-        return None
-    sys_flag = L.HEAD_FIELD_STRUCT["sys_flag"].unpack_from(buf, pos + L.OFFSET_OF["sys_flag"])[0]
-    at = pos + L.RECORD_FIXED_OFFSETS[bool(sys_flag & L.SYSFLAG_BORNHOST_V6), False]["store_timestamp"][0]
-    if at + 8 > limit:
-        return None
-    return int.from_bytes(buf[at:at + 8], "big", signed=True)
-
-
 def check_commitlog(c: Collector, queue: SegmentQueue, scan: StoreScan, cp, abort: bool) -> dict:
     """CommitLog findings; returns facts later checks use (the debris rule)."""
     size = queue.segment_size
@@ -161,7 +151,7 @@ def check_commitlog(c: Collector, queue: SegmentQueue, scan: StoreScan, cp, abor
         buf = seg.buffer()
         kind, desc, nbytes = _tail(buf, pos, seg.readable_size)
         if kind != "zeros":
-            ts = _header_ts(buf, pos, seg.readable_size) if kind == "torn" else None
+            ts = head_store_timestamp(buf, pos, seg.readable_size) if kind == "torn" else None
             # Debris: RocketMQ's recovery cut this record and left its bytes (§10.4); after a
             # clean shutdown the checkpoint's logicsMsgTimestamp is the last dispatched
             # record's time, so a later record was never part of the store it served.

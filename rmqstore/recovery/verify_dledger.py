@@ -16,6 +16,7 @@ from ..files.dledger_chain import CLEAN_ENDS
 from ..files.index import IndexFile, IndexGeometry, list_index_files
 from ..format import layout as L
 from ..format.dledger_layout import DLEDGER_BODY_OFFSET, DLEDGER_MAGIC
+from ..format.record import head_store_timestamp
 from ..scan.dledger_scan import DLedgerScan, dledger_scan
 
 
@@ -200,15 +201,13 @@ def rescan_start(log, cp, cfg) -> int:
     limit = cp.min_timestamp if cp else 0
     if cp and cfg.message_index_enable and cfg.message_index_safe:
         limit = cp.min_timestamp_index
-    from .verify import _header_ts
-
     at = DLEDGER_BODY_OFFSET  # the first record of a data file
     for s in reversed(segs):
         if s.readable_size < at + L.OFFSET_OF["magic"] + 4:
             continue
         buf = s.buffer()
         magic = L.HEAD_FIELD_STRUCT["magic"].unpack_from(buf, at + L.OFFSET_OF["magic"])[0]
-        ts = _header_ts(buf, at, s.readable_size)
+        ts = head_store_timestamp(buf, at, s.readable_size)
         if magic == L.MAGIC_V1 and ts is not None and 0 < ts <= limit:
             return s.start
     return segs[0].start

@@ -77,7 +77,7 @@ def check_state(c, root: Path, cfg, queue, scan, d, cp, abort: bool):
 def check_lock(c, root: Path) -> None:
     """A process holding the store lock (a broker?). Our own lock (repair plans under it)
     is not a broker's."""
-    if not ckpt._held_here(root / ckpt.LOCK) and ckpt.is_locked(root):
+    if not ckpt.held_here(root / ckpt.LOCK) and ckpt.is_locked(root):
         c.add("store-locked", root / ckpt.LOCK, None,
               "another process holds the store lock (a running broker?): files may change while "
               "they are read, and repair/rebuild will refuse to run")

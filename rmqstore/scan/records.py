@@ -63,7 +63,7 @@ _MAGIC_AT = L.OFFSET_OF["magic"]
 _VEC_CHUNK = 1024 * 1024  # bytes compared at a time: the masks stay in cache (16 MiB: 1.5x slower)
 
 
-def _stop_at(buf, pos: int, end: int, limit: int) -> str:
+def chain_stop(buf, pos: int, end: int, limit: int) -> str:
     """Why a chain that reached ``pos`` stops (or "range": a plausible record header at or
     past ``end``, where the caller's range ends)."""
     step = chain_step(buf, pos, limit - pos)
@@ -158,7 +158,7 @@ def walk_range(buf, pos: int, end: int, limit: int) -> tuple[np.ndarray, int, st
     if vec is not None:
         pieces, pos = vec
         found = np.concatenate([found] + pieces)
-    return found, pos, _stop_at(buf, pos, end, limit)
+    return found, pos, chain_stop(buf, pos, end, limit)
 
 
 _FIXED_NAMES = tuple(L.RECORD_FIXED_OFFSETS[False, False])

@@ -26,7 +26,7 @@ import numpy as np
 from ..format.crc import native_crc32
 from ..format.hashing import java_hash, pow31, signed_int32, span_hash
 from ..format.rules import SCHEDULE_TOPIC
-from .records import _stop_at, columns
+from .records import chain_stop, columns
 
 #: How often each path ran in this process: "kernel", "off" (switched off or no numba),
 #: or "fallback: <why>". Tests read it to prove the kernel is used.
@@ -120,7 +120,7 @@ def dispatch_range(buf, first: int, end: int, limit: int, base: int, *, check_cr
     out = _dispatch_at(loaded, u8, starts[:n], base, check_crc, keys, delay_codes)
     if out is None:
         return None
-    out.update(chain_end=base + int(stop_pos), stop=_stop_at(buf, int(stop_pos), end, limit))
+    out.update(chain_end=base + int(stop_pos), stop=chain_stop(buf, int(stop_pos), end, limit))
     assert out.keys() == FIELDS
     used["kernel"] += 1
     return out
