@@ -138,3 +138,22 @@ def test_checkpoint_layouts():
     v5 = L.CheckpointV5.build(dict(physic_msg_timestamp=1, logics_msg_timestamp=2, index_msg_timestamp=3,
                                    master_flushed_offset=4, confirm_phy_offset=5))
     assert v5[:40] == L.CHECKPOINT_V5_STRUCT.pack(1, 2, 3, 4, 5) and len(v5) == 4096
+
+
+def test_ints_at_reads_the_big_endian_fields():
+    """The one vectorised field gather (scan's record columns, a DLedger entry's record
+    check) reads what the ``>b``/``>h``/``>i``/``>q`` structs read; a position with too
+    few bytes left reads without raising (callers mask it)."""
+    import random
+    import struct
+
+    rnd = random.Random(5)
+    raw = bytes(rnd.randrange(256) for _ in range(300))
+    u8 = np.frombuffer(raw, dtype=np.uint8)
+    for width, code in ((1, ">b"), (2, ">h"), (4, ">i"), (8, ">q")):
+        pos = np.array([0, 1, 7, 150, len(raw) - width], dtype=np.int64)
+        assert L.ints_at(u8, pos, width).tolist() == \
+            [struct.unpack_from(code, raw, p)[0] for p in pos.tolist()]
+        assert len(L.ints_at(u8, np.array([len(raw) - width + 1, len(raw) + 9]), width)) == 2
+    assert L.ints_at(u8[:3], np.array([0]), 4).tolist() == [0]
+    assert L.ints_at(u8, np.zeros(0, dtype=np.int64), 4).dtype == np.int64

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import OffsetError, RecordError, SegmentError
 from ..format import layout as L
+from ..format.layout import ints_at
 from ..format.dledger_layout import (DLEDGER_BODY_OFFSET, DLEDGER_INDEX_UNIT_SIZE,
                                      INDEX_UNIT_DTYPE, INDEX_UNIT_STRUCT)
 from .segments import Segment, SegmentQueue
@@ -73,9 +74,10 @@ class EntryRun:
         (TOTALSIZE == body size, a message magic, PHYSICALOFFSET == pos + 48)? DLedger
         never looks inside (no CRC); RocketMQ's reput does (design-14 §1.6)."""
         p = self.record_pos
-        total = _gather_int(self.u8, p, 4)
-        magic = _gather_int(self.u8, p + 4, 4)
-        phys = _gather_int(self.u8, p + L.OFFSET_OF["physical_offset"], 8)
+        total = ints_at(self.u8, p, 4)
+        magic = ints_at(self.u8, p + 4, 4)
+        phys = ints_at(self.u8, p + L.OFFSET_OF["physical_offset"], 8)
+        # A position past the end reads some in-range int (ints_at): ``fits`` masks it.
         fits = p + L.OFFSET_OF["physical_offset"] + 8 <= len(self.u8)
         return fits & (total == self.record_size) & np.isin(magic, magics) & (phys == self.record_offset)
 
@@ -125,19 +127,6 @@ class ChainEnd:
             return None
         return RecordError(f"DLedger entry chain ends ({self.reason}): {self.detail}",
                            self.path, self.offset)
-
-
-def _gather_int(u8: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    """Big-endian signed ints of ``width`` bytes at each of ``pos`` (int64); positions
-    past the end read as 0 (callers check that what they accept fits)."""
-    if len(pos) == 0:
-        return np.zeros(0, dtype=np.int64)
-    n = len(u8) - width + 1
-    if n <= 0:
-        return np.zeros(len(pos), dtype=np.int64)
-    view = np.ndarray(shape=(n,), dtype=f">i{width}", buffer=u8, offset=0, strides=(1,))
-    ok = (pos >= 0) & (pos < n)
-    return np.where(ok, view[np.clip(pos, 0, n - 1)].astype(np.int64), 0)
 
 
 class IndexStream:

@@ -309,6 +309,28 @@ RECORD_FIXED_OFFSETS = {k: derive_offsets(v) for k, v in RECORD_FIXED.items()}
 RECORD_HEAD_STRUCT = derive_struct(RecordHead)
 
 
+def ints_at(u8: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
+    """The big-endian signed ints of ``width`` bytes (every field here is one, spec §0) at
+    each of ``pos`` (>= 0) in the uint8 buffer ``u8``, as int64: the vector form of the
+    ``>i`` structs above, for many records at once.
+
+    A position with fewer than ``width`` bytes left reads some in-range int instead: such
+    positions only come from damaged lengths, and every caller checks that what it keeps
+    fits (a size check, a ``fits`` mask) rather than paying for a mask here."""
+    if len(pos) == 0:
+        return np.zeros(0, dtype=np.int64)
+    n = len(u8) - width + 1
+    if n <= 0:
+        return np.zeros(len(pos), dtype=np.int64)
+    # Gathering native-order ints and swapping after is ~3x faster than gathering through
+    # a big-endian view.
+    view = np.ndarray(shape=(n,), dtype=f"<i{width}", buffer=u8, offset=0, strides=(1,))
+    got = view[np.minimum(pos, n - 1)]
+    if width > 1:
+        got.byteswap(inplace=True)
+    return got.astype(np.int64)
+
+
 def _record_field(name: str) -> Construct:
     return next(sc for sc in CommitLogRecord.subcons if sc.name == name)
 

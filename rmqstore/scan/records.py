@@ -18,6 +18,7 @@ import numpy as np
 from construct import Struct
 
 from ..format import layout as L
+from ..format.layout import ints_at
 from ..format.message import Host, Message
 from ..format.record import chain_step, decode_record
 from ..format.crc import BODY_CRC_MASK, crc32_spans
@@ -25,23 +26,6 @@ from ..files.ends import ValidEnd
 
 _MIN_RECORD = L.MIN_RECORD_SIZE
 _SIZE = L.derive_struct(Struct(L.RecordHead.subcons[0]))  # TOTALSIZE alone, for the walk
-
-
-def _int_at(u8: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    """Big-endian signed ints of ``width`` bytes at each of ``pos``, as int64."""
-    if len(pos) == 0:
-        return np.zeros(0, dtype=np.int64)
-    n = len(u8) - width + 1
-    if n <= 0:
-        return np.zeros(len(pos), dtype=np.int64)
-    # Gathering native-order ints and swapping after is ~3x faster than gathering through
-    # a big-endian view. Positions past the end only come from damaged length fields; the
-    # size check that follows rejects those records, so any in-range value will do.
-    view = np.ndarray(shape=(n,), dtype=f"<i{width}", buffer=u8, offset=0, strides=(1,))
-    got = view[np.minimum(pos, n - 1)]
-    if width > 1:
-        got.byteswap(inplace=True)
-    return got.astype(np.int64)
 
 
 def walk_chain(buf, pos: int, limit: int) -> tuple[np.ndarray, int, str]:
@@ -99,7 +83,7 @@ def _walk_vec(buf, u8: np.ndarray, pos: int, end: int, limit: int):
     c = _candidates(u8, pos, hi)
     if not len(c) or c[0] != pos:
         return None
-    size = _int_at(u8, c, 4)
+    size = ints_at(u8, c, 4)
     ok = (size >= _MIN_RECORD) & (size <= limit - c)
     succ = c + size
     cont = np.zeros(len(c), bool)
@@ -150,7 +134,7 @@ def walk_range(buf, pos: int, end: int, limit: int) -> tuple[np.ndarray, int, st
             probe = -1
     found = np.frombuffer(starts, dtype=np.int64).copy() if len(starts) else np.zeros(0, np.int64)
     if len(found):
-        magic = _int_at(np.frombuffer(buf, dtype=np.uint8, count=limit), found + 4, 4)
+        magic = ints_at(np.frombuffer(buf, dtype=np.uint8, count=limit), found + 4, 4)
         good = (magic == L.MAGIC_V1) | (magic == L.MAGIC_V2)
         if not good.all():
             k = int(np.argmin(good))
@@ -184,7 +168,7 @@ def _fixed_rows(u8: np.ndarray, pos: np.ndarray, combo: int) -> np.ndarray:
         return np.zeros(len(pos), dtype=dt)
     raw = np.ndarray(shape=(top + 1,), dtype=f"V{dt.itemsize}", buffer=u8, offset=0,
                      strides=(1,))
-    # As in _int_at: out-of-range positions only come from damaged lengths, which the
+    # As in layout.ints_at: out-of-range positions only come from damaged lengths, which the
     # size check rejects, so any in-range bytes will do.
     return raw[np.minimum(pos, top)].view(dt)
 
@@ -266,7 +250,7 @@ class RecordColumns:
         port = getattr(self, f"{which}_port")
         offsets = np.array([L.RECORD_FIXED_OFFSETS[c][f"{which}_address"][0] for c in _COMBOS])
         addr_pos = self.pos + (offsets[combo] if combo.any() else int(offsets[0]))
-        key = _int_at(self.u8, addr_pos, 4) & 0xFFFFFFFF
+        key = ints_at(self.u8, addr_pos, 4) & 0xFFFFFFFF
         v6 = (combo & v6_bit) != 0
         key = (key << 32) | (port & 0xFFFFFFFF)
         if v6.any():
@@ -312,14 +296,14 @@ def _spans(c: RecordColumns) -> None:
     body_len = np.maximum(c.body_length, 0)
     tlen_pos = body_pos + body_len
     v2 = c.magic == L.MAGIC_V2
-    topic_len = _int_at(u8, tlen_pos, 1)
+    topic_len = ints_at(u8, tlen_pos, 1)
     if v2.any():
-        topic_len = np.where(v2, _int_at(u8, tlen_pos, 2), topic_len)
+        topic_len = np.where(v2, ints_at(u8, tlen_pos, 2), topic_len)
     topic_pos = tlen_pos + np.where(v2, 2, 1) if v2.any() else tlen_pos + 1
     plen_pos = topic_pos + topic_len
     c._cache.update(body_pos=body_pos, body_len=body_len, topic_pos=topic_pos,
                     topic_len=topic_len, props_pos=plen_pos + 2,
-                    props_len=np.maximum(_int_at(u8, plen_pos, 2), 0))
+                    props_len=np.maximum(ints_at(u8, plen_pos, 2), 0))
 
 
 _DERIVED = {"combo": _combo, **{k: _spans for k in
