@@ -26,10 +26,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .engine.broker import as_broker, client_id, hashmap_order
+from .engine.broker import as_broker, hashmap_order
 from .files.config import StoreConfig
 from .format.hashing import java_hash
-from .format.message import HEX_DIGITS, Host, Message
+from .format.message import HEX_DIGITS, Host, Message, client_msg_id
 from .format.record import encode_record
 
 SHAPES = ("broker", "easy")
@@ -215,7 +215,7 @@ def _render(value: str, i: int = 0) -> str:
 def _broker_template(t: int, q: int, v: int, s: int, body_size: int, cfg: StoreConfig) -> Template:
     _w, tokens, user = VARIANTS[v]
     born = Host(bytes([10, 0, 1 + t, 10 + q]), 50000 + q)
-    uniq_fixed = client_id(born.address, _PID, _LOADER, 0, 0)[:-12]  # time, counter vary
+    uniq_fixed = client_msg_id(born.address, _PID, _LOADER, 0, 0)[:-12]  # time, counter vary
     tags = _TAGS[(q + v) % len(_TAGS)]
     client = {"TAGS": tags, "KEYS": " ".join(f"{k}-{{{k}}}" for k in tokens), "WAIT": "true"}
     if user:  # putUserProperty after the constructor

@@ -256,7 +256,7 @@ def store_stats(reader, *, processes: int | None = None, conf=None) -> dict:
     from the reader's configuration (``conf`` is not read again: the reader's has it)."""
     from .files.checkpoint import abort_exists, read_checkpoint
 
-    from .files.storekind import profile
+    from .files.storekind_profile import profile
 
     cl = reader.commitlog
     root = str(reader.root)

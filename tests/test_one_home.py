@@ -28,12 +28,7 @@ PATTERNS = {
 }
 
 #: (file, pattern) -> how many copies remain, with why. Only shrinks.
-ALLOWED: dict[tuple[str, str], int] = {
-    # The IndexFile size formula spelled out for a person in a docstring.
-    ("rmqstore/files/index_geometry.py", "20-byte width"): 1,
-    # A new UNIQ_KEY (spec §5.2), not an offsetMsgId: its own layout, made in one place.
-    ("rmqstore/engine/broker.py", "uppercase hex id"): 1,
-}
+ALLOWED: dict[tuple[str, str], int] = {}
 
 
 def scan(root: Path = REPO) -> Counter:

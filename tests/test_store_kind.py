@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from conftest import FIXTURES, copy_store, tree_hashes
-from rmqstore.files import storekind
+from rmqstore.files import storekind_detect, storekind_profile
 from rmqstore.files.dledger_files import find_ledger_dirs
 
 runner = CliRunner()
@@ -59,7 +59,7 @@ def test_the_table_covers_every_fixture_folder():
 def test_the_profile_names_kind_and_family_from_the_files(name):
     root = folder(name)
     before = tree_hashes(root)
-    p = storekind.profile(root)
+    p = storekind_profile.profile(root)
     log, family, features = EXPECTED[name]
     assert (p.log, p.family) == (log, family), p.evidence
     assert set(p.features) == set(features) - RECORD_ONLY.get(name, set()), p.evidence
@@ -84,7 +84,7 @@ def test_a_loose_4x_segment_keeps_the_separator_and_says_unknown():
     seg = FIXTURES / "rocketmq-4.x-segment" / "00000000000000000000"
     if not seg.is_file():
         pytest.skip(f"{seg} absent")
-    p = storekind.profile_segment(seg)
+    p = storekind_profile.profile_segment(seg)
     assert (p.log, p.family, p.features) == ("segment", "unknown", [])
     assert p.evidence == ["properties keep the trailing 0x02 (<=4.9.0 or >=5.2)"]
 
@@ -93,27 +93,29 @@ def test_five_only_files_outweigh_the_properties_text(tmp_path):
     """An upgraded store is 5 (design-14 §8): one 5-only file decides, whatever the
     records' properties say; without any, 4.9 records keep it 4.9."""
     store = copy_store(folder("rocketmq-4.9.8/basic"), tmp_path / "store")
-    assert storekind.profile(store).family == "4.9"
+    assert storekind_profile.profile(store).family == "4.9"
     (store / "abort.bak").write_bytes(b"")
-    p = storekind.profile(store)
+    p = storekind_profile.profile(store)
     assert p.family == "5" and any("abort.bak" in e for e in p.evidence)
     (store / "abort.bak").unlink()
     (store / "abort").write_bytes(b"4242")
-    assert storekind.profile(store).family == "5"
+    assert storekind_profile.profile(store).family == "5"
 
 
 def test_ledger_folders_are_found_in_one_place(tmp_path):
-    """storekind finds DLedger folders through files.dledger_files (no copy of the rule)."""
-    assert not hasattr(storekind, "dledger_dirs")
+    """Detection and the profile find DLedger folders through files.dledger_files (no copy
+    of the rule)."""
+    assert not hasattr(storekind_detect, "dledger_dirs")
+    assert not hasattr(storekind_profile, "dledger_dirs")
     store = tmp_path / "store"
     (store / "dledger-n1" / "index").mkdir(parents=True)
     (store / "dledger-stray").mkdir()  # neither data/ nor index/: not DLedger's
     assert [d.name for d in find_ledger_dirs(store)] == ["dledger-n1"]
-    found = storekind.detect(store, {})
+    found = storekind_detect.detect(store, {})
     assert [(d.feature.key, d.evidence) for d in found] == [("dledger", "dledger-n1/")]
-    assert storekind.profile(store).log == "dledger"
+    assert storekind_profile.profile(store).log == "dledger"
     shutil.rmtree(store / "dledger-n1")
-    assert storekind.profile(store).log == "plain"
+    assert storekind_profile.profile(store).log == "plain"
 
 
 @pytest.mark.parametrize("name, want", [

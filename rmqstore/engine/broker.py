@@ -24,7 +24,7 @@ from typing import Any
 
 from ..format import layout as L
 from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit
-from ..format.message import Host, Message, parse_properties
+from ..format.message import Host, Message, client_msg_id, parse_properties
 from ..format.hashing import hashmap_order, java_hash  # noqa: F401 - hashmap_order: its home moved to format
 from ..format.message import serialize_properties
 from ..format.record import INNER_BATCH_FLAGS
@@ -193,19 +193,11 @@ _counter = itertools.count(random.randrange(1 << 16))
 _loader_hash = random.getrandbits(31)
 
 
-def client_id(ip: bytes, pid: int, loader_hash: int, span: int, counter: int) -> str:
-    """The UNIQ_KEY text of a client message id (spec §5.2): ip, pid (u16), class-loader
-    hash (u32), ms since the start of the month (unsigned i32), counter (u16)."""
-    return (ip + (pid & 0xFFFF).to_bytes(2, "big") + loader_hash.to_bytes(4, "big")
-            + (span & 0xFFFFFFFF).to_bytes(4, "big")
-            + (counter & 0xFFFF).to_bytes(2, "big")).hex().upper()
-
-
 def new_uniq_key(ip: bytes, now: int) -> str:
     """A client-style message id for this process now: the month starts in local time."""
     local = _dt.datetime.fromtimestamp(now / 1000).astimezone()
     month = local.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    return client_id(ip, os.getpid(), _loader_hash, now - int(month.timestamp() * 1000),
+    return client_msg_id(ip, os.getpid(), _loader_hash, now - int(month.timestamp() * 1000),
                      next(_counter))
 
 

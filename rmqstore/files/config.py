@@ -379,8 +379,10 @@ def load_config(root: str | os.PathLike | None = None, conf: str | os.PathLike |
     when a setting disagrees with the files, and
     :class:`~rmqstore.errors.UnsupportedStoreError` for a store rmqstore cannot handle.
     ``infer=False`` skips everything that looks at the files (a loose segment file)."""
-    from . import storekind
+    from .dledger_files import find_ledger_dirs
     from .geometry import Reconcile, queue_dirs, round_units
+    from .storekind import refuse_unsupported
+    from .storekind_detect import detect, detect_in_records
 
     props = read_broker_conf(conf) if conf else {}
     conf_values = load_broker_conf(conf, props) if conf else {}
@@ -411,17 +413,17 @@ def load_config(root: str | os.PathLike | None = None, conf: str | os.PathLike |
     append_blockers: list[str] = []
     if root is not None and infer:
         rootp = Path(root)
-        features = storekind.detect(rootp, props)
-        storekind.refuse_unsupported(features, rootp)  # before anything else is looked at
+        features = detect(rootp, props)
+        refuse_unsupported(features, rootp)  # before anything else is looked at
         clog, more, blockers = commitlog_location(rootp, values.get("store_path_commit_log"), props)
         notes += more
         values["store_path_commit_log"] = clog
         dirs = [Path(p) for p in clog.split(",")] if clog else [rootp / "commitlog"]
-        features = storekind.detect_in_records(features, dirs)
+        features = detect_in_records(features, dirs)
         r = Reconcile(rootp, claims, conf)
         # DLedger mode: its data files are the CommitLog's files, mappedFileSizeCommitLog
         # their size (DLedgerCommitLog sets mappedFileSizeForEntryData from it, design-14 §1.1).
-        ledgers = [d / "data" for d in storekind.find_ledger_dirs(rootp)]
+        ledgers = [d / "data" for d in find_ledger_dirs(rootp)]
         r.segments("mapped_file_size_commit_log", "CommitLog",
                    ledgers if ledgers and not any(d.is_dir() for d in dirs) else dirs)
         r.segments("mapped_file_size_consume_queue", "ConsumeQueue", queue_dirs(rootp),
@@ -432,8 +434,8 @@ def load_config(root: str | os.PathLike | None = None, conf: str | os.PathLike |
         undetermined, warnings = r.undetermined, r.warnings
         append_blockers += _broker_version_from_files(rootp, dirs, values, sources)
     else:
-        features = storekind.detect(None, props)
-        storekind.refuse_unsupported(features, conf)
+        features = detect(None, props)
+        refuse_unsupported(features, conf)
     if "enabled_append_prop_crc" not in values and any(
             d.feature.key == "prop-crc" for d in features):
         # The newest records carry __CRC32# (spec §3.8): a writer keeps doing so unless
@@ -462,9 +464,9 @@ def _broker_version_from_files(root: Path, dirs, values: dict, sources: dict) ->
     ``broker_version`` when no option or broker.conf names one; returns why an append
     must not run: the files contradict the version given, or they cannot tell and none
     was given (a record written the other way would not be what that broker writes)."""
-    from . import storekind
+    from .storekind_profile import profile
 
-    prof = storekind.profile(root, dirs)
+    prof = profile(root, dirs)
     family = prof.family if prof.family in BROKER_VERSIONS else None
     given = values.get("broker_version")
     why = "; ".join(prof.five[:2]) if prof.five else next(

@@ -1,8 +1,9 @@
 """Which maxHashSlotNum / maxIndexNum the IndexFiles of a store were written with.
 
 Nothing in an IndexFile records its geometry (spec §7.1); the size gives only
-``40 + 4*slots + 20*entries``. So the size is read with an assumption (the RocketMQ
-defaults, or maxIndexNum = 4 x maxHashSlotNum) and the assumption is then checked against
+``layout.index_file_size(slots, entries)`` (a header, then 4 bytes per slot and 20 per
+entry). So the size is read with an assumption (the RocketMQ defaults, or maxIndexNum =
+4 x maxHashSlotNum) and the assumption is then checked against
 what the broker's putKey (spec §7.4) always leaves in an intact file:
 
 * entry 0 is all zero; entry 1 holds ``beginPhyOffset`` and no previous entry; the last

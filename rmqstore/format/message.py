@@ -165,6 +165,15 @@ def decode_offset_msg_id(msg_id: str) -> tuple[Host, int]:
     return Host(address, port), offset
 
 
+def client_msg_id(ip: bytes, pid: int, loader_hash: int, span: int, counter: int) -> str:
+    """The UNIQ_KEY text of a client message id (spec §5.2): ip, pid (u16), class-loader
+    hash (u32), ms since the start of the month (unsigned i32), counter (u16), as
+    uppercase hex (``rmqstore.uniqkey`` takes it apart)."""
+    return (ip + (pid & 0xFFFF).to_bytes(2, "big") + loader_hash.to_bytes(4, "big")
+            + (span & 0xFFFFFFFF).to_bytes(4, "big")
+            + (counter & 0xFFFF).to_bytes(2, "big")).hex().upper()
+
+
 #: ASCII of the uppercase hex digits (offsetMsgId and UNIQ_KEY texts), by value.
 HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 

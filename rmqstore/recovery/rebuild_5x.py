@@ -23,7 +23,7 @@ def kinds_for_rebuild(root: Path, cfg, start: int, *, dledger: bool = False) -> 
     (nothing changed) when a record carries ``INNER_MULTI_QUEUE_OFFSET`` but neither
     ``consumequeue/%LMQ%*`` nor broker.conf says whether LMQ dispatch was on, and a
     ``from_offset`` rebuild of a store with BatchCQ topics."""
-    from ..files.storekind import profile
+    from ..files.storekind_profile import profile
 
     kinds = store_queue_kinds(root, cfg)
     if not kinds.lmq_evidence and profile(root, cfg.commit_log_dirs).family != "4.9":

@@ -186,7 +186,7 @@ def _file_of(log, offset: int):
 def _family(root: Path, cfg) -> str:
     if cfg.sources.get("broker_version", "default") != "default":
         return "5" if cfg.broker_version != "4.9" else "4.9"
-    from ..files.storekind import profile
+    from ..files.storekind_profile import profile
 
     return "5" if profile(root).family == "5" else "4.9"
 
