@@ -232,9 +232,9 @@ def test_every_hash_form_gives_the_spec_12_1_values():
     MIN_VALUE keys (H7, H8) included, not against one another."""
     import numpy as np
 
-    from rmqstore.engine.batch_dispatch import _token_hashes
     from rmqstore.format.hashing import (index_abs, index_abs_many, index_hash_from, index_hashes,
-                                         prefix_hash, span_hash, token_hash, token_hashes)
+                                         prefix_hash, span_hash, token_hash, token_hashes,
+                                         topic_token_hashes)
 
     strings = [row[0] for row in SPEC_12_1]
     codes = [row[2] for row in SPEC_12_1]
@@ -265,7 +265,7 @@ def test_every_hash_form_gives_the_spec_12_1_values():
         ascii_only = token.isascii()
         vec = token_hashes(prefix_hash(topic), [token])
         assert (vec.tolist() == [key]) if ascii_only else vec is None, text
-        batch = _token_hashes(topic, [token])
+        batch = topic_token_hashes(topic, [token])
         assert (batch.tolist() == [key]) if ascii_only else batch is None, text
         tb, kb = topic.encode(), token.encode()
         u8 = np.frombuffer(tb + kb + bytes(256), np.uint8)

@@ -17,7 +17,8 @@ from rmqstore.format import layout as L
 from rmqstore.format.rules import SCHEDULE_TOPIC
 from rmqstore.format.message import Host
 from rmqstore.format.hashing import index_hash
-from rmqstore.engine.batch_dispatch import _token_hashes, put_index_hashes
+from rmqstore.engine.batch_dispatch import put_index_hashes
+from rmqstore.format.hashing import topic_token_hashes
 from rmqstore.engine.message_batch import MessageBatch
 from rmqstore.files.config import StoreConfig
 from rmqstore.files.index import IndexGeometry
@@ -202,10 +203,10 @@ def test_token_hashes_match_index_hash():
     tokens = ["".join(rnd.choice(alphabet) for _ in range(rnd.choice([0, 1, 2, 7, 31, 64, 256])))
               for _ in range(3000)]
     for topic in ("T", "BenchTopic", "%RETRY%group"):
-        got = _token_hashes(topic, tokens)
+        got = topic_token_hashes(topic, tokens)
         assert got.tolist() == [index_hash(f"{topic}#{t}") for t in tokens]
-    assert _token_hashes("T", ["é"]) is None and _token_hashes("T", ["a\x00"]) is None
-    assert _token_hashes("T", ["a" * 257]) is None
+    assert topic_token_hashes("T", ["é"]) is None and topic_token_hashes("T", ["a\x00"]) is None
+    assert topic_token_hashes("T", ["a" * 257]) is None
 
 
 @pytest.mark.parametrize("slots", [7, 100_003])  # chains inside batches / mostly none

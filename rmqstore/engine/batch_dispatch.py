@@ -26,13 +26,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..format import layout as L
-from ..format.hashing import index_abs_many, index_hashes, pow31, prefix_hash
+from ..format.hashing import index_hashes, topic_span_hashes, topic_token_hashes
 from ..format.message import parse_properties
 from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit, gets_index_keys, tags_code
 from .results import Appended
 
 _CQ_UNIT = L.CQ_UNIT_SIZE
-_FAST_KEY_MAX = 256  # longest token hashed by the matrix form
 _SMALL = 16  # fewer records than this take the single-record path, one by one
 _MISSING = object()
 
@@ -313,11 +312,6 @@ def _index_entries(c: WrittenColumns, indexed):
     return index_hashes(full), kphy, kts
 
 
-_POW31_N = pow31(_FAST_KEY_MAX + 1).copy()
-_POW31_F = _POW31_N.astype(np.float64)
-_prefix_terms: dict[str, np.ndarray] = {}
-
-
 def _column_hashes(c: WrittenColumns, name: str) -> np.ndarray | None:
     """Index hashes of one key per message from UNIQ_KEY (the whole value) or KEYS (one
     token each): an empty array when the property is absent or an empty KEYS, None
@@ -330,7 +324,7 @@ def _column_hashes(c: WrittenColumns, name: str) -> np.ndarray | None:
     if isinstance(v, str):
         if keys and " " in v:
             return None
-        h = _token_hashes(c.topic, [v])
+        h = topic_token_hashes(c.topic, [v])
         return None if h is None else np.repeat(h, n)
     info = c.cols.get(name)
     if keys:
@@ -340,65 +334,13 @@ def _column_hashes(c: WrittenColumns, name: str) -> np.ndarray | None:
         elif not _single_tokens(v if info is None else info.distinct):
             return None
     if info is None:
-        return None if None in v else _token_hashes(c.topic, v)
+        return None if None in v else topic_token_hashes(c.topic, v)
     if info.codes is not None:
-        h = _token_hashes(c.topic, info.distinct)
+        h = topic_token_hashes(c.topic, info.distinct)
         return None if h is None else h[info.codes]
     if not info.ascii:
         return None
-    return _span_hashes(c.topic, info.buf, info.ends, info.lens)
-
-
-def _token_hashes(topic: str, tokens) -> np.ndarray | None:
-    """Index hashes (spec §7.2) of ``topic#token`` for ASCII tokens without NUL, as int64
-    (None otherwise: the caller then hashes the key strings)."""
-    n = len(tokens)
-    try:
-        joined = "\x00".join(tokens)
-    except TypeError:
-        return None
-    if not joined.isascii():
-        return None
-    buf = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
-    ends = np.empty(n, dtype=np.int64)
-    seps = np.flatnonzero(buf == 0)
-    if len(seps) != n - 1:
-        return None  # a token holds a NUL
-    ends[:-1] = seps
-    ends[-1] = len(buf)
-    lens = np.empty(n, dtype=np.int64)
-    lens[0] = ends[0]
-    np.subtract(ends[1:], seps + 1, out=lens[1:])
-    return _span_hashes(topic, buf, ends, lens)
-
-
-def _span_hashes(topic: str, buf: np.ndarray, ends: np.ndarray,
-                 lens: np.ndarray) -> np.ndarray | None:
-    """Index hashes of ``topic#token`` for the ASCII tokens ``buf[ends - lens:ends]``:
-    right-aligned into an (n, longest) matrix (bytes before a token zeroed) and summed
-    against powers of 31 (exact in float64: each sum is below 2**47), plus the topic's
-    ``topic#`` hash times 31**len (mod 2**32). None for a token over 256 bytes."""
-    width = int(lens.max()) if len(lens) else 0
-    if width > _FAST_KEY_MAX:
-        return None
-    terms = _prefix_terms.get(topic)
-    if terms is None:
-        ph = prefix_hash(topic)
-        terms = (_POW31_N * np.uint64(ph)) & np.uint64(0xFFFFFFFF)
-        if len(_prefix_terms) >= 4096:
-            _prefix_terms.clear()
-        _prefix_terms[topic] = terms
-    h = terms[lens]
-    if width:
-        padded = np.zeros(width + len(buf), dtype=np.uint8)
-        padded[width:] = buf
-        cols = np.arange(width)
-        mat = padded[ends[:, None] + cols]  # token i ends at column width - 1
-        mat[cols < (width - lens)[:, None]] = 0  # bytes before the token
-        part = mat.astype(np.float64) @ _POW31_F[width - 1::-1]
-        h = h + part.astype(np.uint64)
-    h &= np.uint64(0xFFFFFFFF)
-    return index_abs_many(h)
+    return topic_span_hashes(c.topic, info.buf, info.ends, info.lens)
 
 
 def put_index_hashes(index, key_hashes, phy_offsets, store_timestamps) -> None:

@@ -8,7 +8,9 @@ hash built on it (spec §7.2: ``abs(hash("topic#key"))``, ``Integer.MIN_VALUE`` 
   is computed once and every key only adds its token. For an ASCII token each code
   ``c = 31 * (c // 31) + c % 31`` splits into two base-31 digits, so
   ``h(token) = 31 * int(q, 31) + int(r, 31)``: two C-level parses (:func:`token_hash`), or
-  one matrix product per token length for many (:func:`token_hashes`);
+  one matrix product per token length for many (:func:`token_hashes`), or, for the
+  columnar put's tokens, one right-aligned matrix product for all of them
+  (:func:`topic_token_hashes`, :func:`topic_span_hashes` over an encoded buffer);
 * byte spans of a mapped buffer, read as text (:func:`span_hash`), and the index hash from
   the hashes of its parts (:func:`index_hash_from`).
 
@@ -139,6 +141,63 @@ def token_hashes(prefix: int, tokens: Sequence[str]) -> np.ndarray | None:
         part = (units[starts[sel, None] + np.arange(length)] * pows).sum(axis=1) if length \
             else np.zeros(len(sel), dtype=np.uint64)
         h[sel] = (part + np.uint64(prefix * _POW_N[length] & 0xFFFFFFFF)) & np.uint64(0xFFFFFFFF)
+    return index_abs_many(h)
+
+
+_POW31_N = pow31(FAST_KEY_MAX + 1).copy()
+_POW31_F = _POW31_N.astype(np.float64)
+_prefix_terms: dict[str, np.ndarray] = {}
+
+
+def topic_token_hashes(topic: str, tokens) -> np.ndarray | None:
+    """Index hashes (spec §7.2) of ``topic#token`` for ASCII tokens without NUL, as int64
+    (None otherwise: the caller then hashes the key strings)."""
+    n = len(tokens)
+    try:
+        joined = "\x00".join(tokens)
+    except TypeError:
+        return None
+    if not joined.isascii():
+        return None
+    buf = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
+    ends = np.empty(n, dtype=np.int64)
+    seps = np.flatnonzero(buf == 0)
+    if len(seps) != n - 1:
+        return None  # a token holds a NUL
+    ends[:-1] = seps
+    ends[-1] = len(buf)
+    lens = np.empty(n, dtype=np.int64)
+    lens[0] = ends[0]
+    np.subtract(ends[1:], seps + 1, out=lens[1:])
+    return topic_span_hashes(topic, buf, ends, lens)
+
+
+def topic_span_hashes(topic: str, buf: np.ndarray, ends: np.ndarray,
+                 lens: np.ndarray) -> np.ndarray | None:
+    """Index hashes of ``topic#token`` for the ASCII tokens ``buf[ends - lens:ends]``:
+    right-aligned into an (n, longest) matrix (bytes before a token zeroed) and summed
+    against powers of 31 (exact in float64: each sum is below 2**47), plus the topic's
+    ``topic#`` hash times 31**len (mod 2**32). None for a token over 256 bytes."""
+    width = int(lens.max()) if len(lens) else 0
+    if width > FAST_KEY_MAX:
+        return None
+    terms = _prefix_terms.get(topic)
+    if terms is None:
+        ph = prefix_hash(topic)
+        terms = (_POW31_N * np.uint64(ph)) & np.uint64(0xFFFFFFFF)
+        if len(_prefix_terms) >= 4096:
+            _prefix_terms.clear()
+        _prefix_terms[topic] = terms
+    h = terms[lens]
+    if width:
+        padded = np.zeros(width + len(buf), dtype=np.uint8)
+        padded[width:] = buf
+        cols = np.arange(width)
+        mat = padded[ends[:, None] + cols]  # token i ends at column width - 1
+        mat[cols < (width - lens)[:, None]] = 0  # bytes before the token
+        part = mat.astype(np.float64) @ _POW31_F[width - 1::-1]
+        h = h + part.astype(np.uint64)
+    h &= np.uint64(0xFFFFFFFF)
     return index_abs_many(h)
 
 
