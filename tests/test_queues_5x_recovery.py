@@ -5,8 +5,8 @@ verify is clean on both (no store-feature finding: it checks them now) and names
 a BCQ or LMQ unit; rebuild after deleting ``consumequeue/``, ``batchconsumequeue/`` and
 ``index/`` gives byte-identical queue files and IndexFiles with identical contents; an LMQ
 store whose LMQ queues are gone needs ``enableMultiDispatch`` from broker.conf (decision
-D6), else exit 2 naming it; repair and the Spark jobs still refuse, in one line (append
-writes them now: tests/test_append_fixtures_5x.py)."""
+D6), else exit 2 naming it; the Spark jobs still refuse, in one line (append and repair
+write them now: tests/test_append_fixtures_5x.py, tests/test_repair_5x_queues.py)."""
 
 from __future__ import annotations
 
@@ -150,14 +150,14 @@ def test_lmq_rebuild_without_enable_multi_dispatch_refuses(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["batch-cq", "lmq"])
-def test_repair_and_spark_still_refuse_in_one_line(name, tmp_path):
-    # (append writes BCQ and LMQ units now: test_append_fixtures_5x.py)
+def test_spark_still_refuses_in_one_line(name, tmp_path):
+    # (append and repair write BCQ and LMQ units now: test_append_fixtures_5x.py,
+    # test_repair_5x_queues.py)
     store = copy_store(F533 / name, tmp_path / "s")
     before = tree_hashes(store)
-    for args in (["repair", store, "--yes"],
-                 ["spark", "stats", store]):  # the Spark jobs do not unwrap or know BCQ/LMQ yet
+    for args in (["spark", "stats", store],):  # the Spark jobs do not unwrap or know BCQ/LMQ yet
         code, _, err = cli(*args)
         lines = [x for x in err.splitlines() if x.startswith("rmqstore: ") and "refused" in x]
-        assert code == 2 and len(lines) == 1 and "repair and append" not in lines[0], err
-        assert "reads, verify and rebuild are supported" in lines[0]
+        assert code == 2 and len(lines) == 1 and "spark refused" in lines[0], err
+        assert "reads, verify, rebuild and repair are supported" in lines[0]
     assert tree_hashes(store) == before

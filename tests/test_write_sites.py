@@ -55,7 +55,9 @@ REVIEWED = {
                                   "marker (journal.abandoned_begin), in the backup folder",
     ("remove_marker", "unlink"): "STORE/.rmqstore-repair, our own marker",
     ("write_marker", "replace"): "STORE/.rmqstore-repair, written under a temporary name",
-    ("_zero", "ftruncate"): "a zero-tail/cut-queue step on a confined, saved file",
+    ("zero_range", "ftruncate"): "a zero-tail/cut-queue/cut-bcq/dispatch-bcq step on a "
+                                 "confined, saved file (extends a BatchConsumeQueue file "
+                                 "to its size with a hole, as the broker's map does)",
     ("run", "ftruncate"): "extend-segment on a confined, saved segment (a hole)",
     ("_drop_special", "unlink"): "a FIFO/socket/device where a state file belongs, saved as "
                                  "its kind first",

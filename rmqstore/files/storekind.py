@@ -60,11 +60,12 @@ FEATURES = {f.key: f for f in (
     Feature("rocksdb-cq", "a RocksDB consume queue", UNSUPPORTED),
     Feature("store-plugin", "a message store plug-in (tiered storage)", UNSUPPORTED),
     # Read, verified and rebuilt (design-14 WP E, D2); append writes BCQ and LMQ units
-    # (WP F: engine/load.queue_kinds, Dispatcher.configure_5x); repair refuses until WP G.
+    # (WP F: engine/load.queue_kinds, Dispatcher.configure_5x); repair fixes them (WP G:
+    # recovery/repair_bcq, the ConsumeQueue steps for LMQ queues).
     # The Spark jobs (WP D1) neither unwrap inner batches nor know BCQ/LMQ units: refused.
-    Feature("batch-cq", "BatchConsumeQueue topics", PARTIAL, ("repair", "spark"),
+    Feature("batch-cq", "BatchConsumeQueue topics", PARTIAL, ("spark",),
             reads_complete=True),
-    Feature("lmq", "LMQ multi-dispatch queues", PARTIAL, ("repair", "spark"),
+    Feature("lmq", "LMQ multi-dispatch queues", PARTIAL, ("spark",),
             reads_complete=True),
     Feature("cq-ext", "ConsumeQueue extensions", PARTIAL,
             _CQ_WRITES, "consumequeue_ext/ is not read; units that point into it carry an ext "

@@ -129,7 +129,7 @@ def repair(root: str | os.PathLike, *, dry_run: bool = False, backup_dir: str | 
     Under the store lock: an unfinished earlier repair is undone from its backup first
     (:func:`rmqstore.recovery.undo.resume`; ``result.resumed`` says what was found), then the
     store is planned afresh (``plan`` is only used by a dry run), the space checked
-    (:func:`~rmqstore.recovery.repair_steps.preflight`), and every step run journaled
+    (:func:`~rmqstore.recovery.repair_space.preflight`), and every step run journaled
     (:mod:`rmqstore.recovery.journal`). ``progress(done, total)`` sees steps as they finish.
 
     ENOSPC, EIO and other errors of the operating system give :class:`StoreIOError`
@@ -146,7 +146,7 @@ def repair(root: str | os.PathLike, *, dry_run: bool = False, backup_dir: str | 
     from . import journal as J
     from .journal_state import find_interrupted
     from . import repair_steps as R
-    from ..scan.per_queue import dispatched
+    from .repair_space import preflight
     from .undo import resume
 
     t0 = time.perf_counter()
@@ -172,8 +172,8 @@ def repair(root: str | os.PathLike, *, dry_run: bool = False, backup_dir: str | 
             raise plan.refusal()
         where = _backup_target(root, backup_dir, resumed) if backup else None
         steps = R.with_abort_steps(plan.steps, ckpt.abort_exists(root))
-        ctx = R.StepContext(root, cfg, plan.report, dispatched(plan.report.scan), clock)
-        space = R.preflight(ctx, steps, where)
+        ctx = R.StepContext(root, cfg, plan.report, plan.report.dispatched(), clock)
+        space = preflight(ctx, steps, where)
         manifest = {"config": cfg, "lock": lock_before, "space": space,
                     "verify": plan.report.summary(),
                     "unfixed": [{"code": f.code, "file": f.file, "why": why} for f, why in plan.unfixed],

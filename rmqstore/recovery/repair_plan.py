@@ -24,6 +24,7 @@ from ..files.listing import offset_name
 from ..format import layout as L
 from .findings import ERROR
 from .guard import refused_error
+from .repair_bcq import BatchQueuePlan
 from .repair_queues import QueuePlan, queue_of
 from .repair_refusals import refused_steps
 from .repair_steps import Step
@@ -82,9 +83,11 @@ def plan_repair(root: str | os.PathLike, *, config: StoreConfig | None = None,
                           "only its own; moved to the backup"))
     steps += _commitlog_steps(root, cfg, rep, by_code)
     steps += queues.steps()
+    steps += BatchQueuePlan(root, cfg, rep, by_code, unfixed).steps()
     idx_steps = _index_steps(root, cfg, rep, by_code)
     steps += idx_steps
     steps = _without_guessed_geometry(root, cfg, rep, steps, unfixed)
+    _lmq_determined(root, cfg, steps)
     touched = bool(steps)
     if touched or "checkpoint" in by_code or "abort-present" in by_code:
         steps.append(Step("write-checkpoint", ckpt.CHECKPOINT,
@@ -105,6 +108,24 @@ def plan_repair(root: str | os.PathLike, *, config: StoreConfig | None = None,
         refused = [(s, w) for s, w in refused if s.action in DL.STEPS] + DL.refused(rep, steps)
     unfixed += DL.unfixed(rep)
     return RepairPlan(str(root), steps, rep, unfixed, refused)
+
+
+def _lmq_determined(root: Path, cfg, steps: list[Step]) -> None:
+    """Refuse queue steps when a record carries ``INNER_MULTI_QUEUE_OFFSET`` but neither
+    ``consumequeue/%LMQ%*`` nor broker.conf says whether the broker dispatched it: the
+    LMQ queues would be left out or made up (design-14 D6, as ``rebuild`` refuses)."""
+    from ..errors import ConfigError
+    from ..scan.dispatch_5x import lmq_undetermined, store_queue_kinds
+
+    if not any(s.action in _WRITES_CQ for s in steps):
+        return
+    where = lmq_undetermined(cfg, store_queue_kinds(root, cfg))
+    if where is not None:
+        raise ConfigError(
+            "repair refused: a record carries INNER_MULTI_QUEUE_OFFSET (LMQ, "
+            f"{where}) and neither consumequeue/%LMQ%* nor broker.conf says whether the "
+            "broker dispatched it: pass --config with enableMultiDispatch (and enableLmq) "
+            "as the broker had them (nothing was changed)", root)
 
 
 #: Steps that write ConsumeQueue or IndexFile bytes in files of the configured size.

@@ -61,10 +61,8 @@ class QueuePlan:
     @property
     def d(self):
         """What dispatch would write for the valid records (made only when a queue needs it)."""
-        if self._d is None and self.rep.scan is not None:
-            from ..scan.per_queue import dispatched
-
-            self._d = dispatched(self.rep.scan)
+        if self._d is None:
+            self._d = self.rep.dispatched()  # LMQ units included (design-14 §5.2)
         return self._d
 
     @property

@@ -13,6 +13,7 @@ from ..files.listing import offset_name
 from ..files.segments import SegmentQueue
 from ..scan.survivors import find_survivors
 from .guard import unit_loss, units_from
+from .repair_bcq import units_past
 from .repair_steps import Step
 from .verify import VerifyReport
 
@@ -28,7 +29,7 @@ def refused_steps(root: Path, cfg, rep: VerifyReport, steps: list[Step],
 
     1. ``zero-tail``/``move-segment`` over CRC-valid records found after the verified end
        (a chain break before intact data, not a torn write);
-    2. ``cut-queue``/``rebuild-queue`` dropping units that point at such records, or at
+    2. ``cut-queue``/``rebuild-queue`` (``cut-bcq``/``rebuild-bcq``) dropping units that point at such records, or at
        offsets no segment file holds, or any unit at all when no CommitLog segment holds
        a byte (a missing or empty commitlog/);
     3. without a backup, any step of :data:`_LOSSY_WITHOUT_BACKUP` over bytes holding a
@@ -68,7 +69,7 @@ def _no_backup_loss(root: Path, cfg, s: Step) -> str | None:
 def _guard_evidence(root: Path, cfg, rep: VerifyReport, steps: list[Step]) -> list[tuple[Step, str]]:
     """Rules 1 and 2 of :func:`refused_steps`."""
     risky = [s for s in steps if s.action in ("zero-tail", "move-segment", "cut-queue",
-                                              "rebuild-queue")]
+                                              "rebuild-queue", "cut-bcq", "rebuild-bcq")]
     if not risky:
         return []
     refused = []
@@ -92,7 +93,9 @@ def _guard_evidence(root: Path, cfg, rep: VerifyReport, steps: list[Step]) -> li
                 qdir = root / s.path
                 if qdir.is_dir():
                     try:
-                        _, offs = units_from(qdir, cfg.cq_file_size, rep.end)
+                        offs = units_past(qdir, s.data["fileSize"], rep.end) \
+                            if s.action.endswith("-bcq") else \
+                            units_from(qdir, cfg.cq_file_size, rep.end)[1]
                     except RmqStoreError:
                         continue
                     why = unit_loss(q, surv, offs, rep.end)

@@ -1,12 +1,12 @@
 """A repair step (:class:`Step`, planned by :mod:`rmqstore.recovery.repair_plan`) and how
-it runs: what it may change (its scope, saved first by :mod:`rmqstore.recovery.journal`),
-its writes, and the space it needs (the preflight).
+it runs: what it may change (its scope, saved first by :mod:`rmqstore.recovery.journal`)
+and its writes. The space a plan needs is :mod:`rmqstore.recovery.repair_space`'s; bytes
+rewritten in place (zeroing, CRC fields) :mod:`rmqstore.recovery.repair_rewrites`'; the
+BatchConsumeQueue steps :mod:`rmqstore.recovery.repair_bcq`'s.
 
-Writes here are ``pwrite``/``ftruncate``/``rename`` on descriptors opened without
-following links, never through a mapping: on a full disk a write into a hole is then an
-ENOSPC error, not a SIGBUS. Zeroing rewrites only the chunks that are not zero already,
-so it never allocates a hole. Rebuilt queues and re-dispatched keys go through the
-library's ConsumeQueue and IndexFile writers, with the broker's write rules.
+Writes go through descriptors opened without following links, never through a mapping.
+Rebuilt queues and re-dispatched keys go through the library's ConsumeQueue and IndexFile
+writers, with the broker's write rules.
 """
 
 from __future__ import annotations
@@ -18,27 +18,22 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import RefusedError, UnsafePathError
 from ..files import checkpoint as ckpt
-from ..format import layout as L
-from ..format.crc import body_crc, ends_in_prop_crc, prop_crc_entry, record_prop_crc
 from ..files.config import StoreConfig
 from ..files.consumequeue import UNIT, ConsumeQueue, effective_file_size
 from ..files.consumequeue_writer import ConsumeQueueWriter
-from ..errors import RefusedError, UnsafePathError
 from ..files.index import IndexGeometry, list_index_files
 from ..files.index_service import IndexService
-from .journal import Journal, pwrite_all
+from ..files.sparse import fsync_dir
+from ..format import layout as L
+from .journal import Journal
+from .repair_rewrites import fix_body_crc, fix_prop_crc, prop_crc_digits_range, zero_range
 from .store_paths import confine, is_dir
-from ..files.sparse import BLOCK, CHUNK, allocated, allocated_in, fsync_dir, is_zero
 
 #: Steps that take a path out of the store (into the backup).
 MOVES = {"remove-leftover", "move-stray", "move-segment", "remove-index"}
 QUEUE_STEPS = {"cut-queue", "rebuild-queue", "dispatch-queue"}
-#: Room for the manifest and journal records (a step's records and saved-file blocks
-#: take a few KiB; the margin covers directory blocks and estimates rounding).
-JOURNAL_BYTES = 256 << 10
-JOURNAL_BYTES_PER_STEP = 4096
-_SYS_FLAG, _BODY_CRC = L.HEAD_FIELD_STRUCT["sys_flag"], L.HEAD_FIELD_STRUCT["body_crc"]
 
 
 @dataclass
@@ -115,6 +110,10 @@ def check_step(step, ctx: StepContext) -> None:
             raise UnsafePathError("a symbolic link: rmqstore does not write through it", p)
     if step.action in QUEUE_STEPS:
         _queue(step)
+    if step.action.endswith("-bcq"):
+        from .repair_bcq import queue_key
+
+        queue_key(step)
 
 
 def _digits(qdir: Path) -> list[str]:
@@ -136,6 +135,10 @@ def scope(step, ctx: StepContext) -> list[tuple]:
     """What ``step`` may change, as requests for :meth:`Journal.start`, from the store
     as it is now (just before the step runs)."""
     a, rel, root = step.action, step.path, ctx.root
+    if a.endswith("-bcq"):
+        from . import repair_bcq
+
+        return repair_bcq.scope(step, ctx)
     if a in MOVES or a == "rebuild-queue":
         return [("move", rel)]
     if a == "fix-body-crc":
@@ -183,223 +186,26 @@ def scope(step, ctx: StepContext) -> list[tuple]:
     raise RefusedError(f"unknown repair step {a!r}; nothing was changed")
 
 
-# --- space -------------------------------------------------------------------------------
-
-
-def _pages(n: int) -> int:
-    return -(-n // BLOCK) * BLOCK
-
-
-def backup_bytes(req: tuple, ctx: StepContext, same_fs: bool) -> int:
-    """What saving ``req`` takes on the backup's filesystem (allocated blocks)."""
-    kind, rel = req[0], req[1]
-    p = ctx.root / rel
-    if not os.path.lexists(p):
-        return 0
-    if kind == "range":
-        return _pages(allocated_in(p, req[2], req[3])) + BLOCK
-    if kind == "file":
-        return allocated(p) + BLOCK
-    if kind == "move":
-        return 0 if same_fs else allocated(p) + BLOCK
-    return 0
-
-
-def _last_index_file(ctx: StepContext) -> Path | None:
-    idx = ctx.root / "index"
-    kept = [p for p in list_index_files(idx) if f"index/{p.name}" not in ctx.gone] \
-        if is_dir(ctx.root, "index") else []
-    return kept[-1] if kept else None
-
-
-#: What the IndexFile and ConsumeQueue writers may allocate beyond what they write (they
-#: allocate before storing through a map, never into a hole: header and slot table of an
-#: IndexFile they write to, entries and units a stretch ahead); an upper bound otherwise.
-INDEX_AHEAD = 1 << 20
-CQ_AHEAD = 64 << 10
-
-
-def store_bytes(step, ctx: StepContext) -> int:
-    """What ``step`` newly allocates in the store, at most: what the ConsumeQueue and
-    IndexFile writers allocate (their files are sparse: their size says nothing), a page
-    for a file it creates. Zeroing, cutting and extending allocate nothing."""
-    a, d = step.action, ctx.d
-    if a == "write-checkpoint":
-        return 0 if os.path.lexists(ctx.root / ckpt.CHECKPOINT) else BLOCK
-    if a in ("rebuild-queue", "dispatch-queue"):
-        units = d.units.get(_queue(step))
-        if units is None or not len(units[0]):
-            return 0
-        first, last = int(units[0][0]), int(units[0][-1])
-        if a == "dispatch-queue":
-            span = len(units[0]) * UNIT
-        else:  # from the start of the first unit's file (placeholders before it)
-            span = (last + 1) * UNIT - (first * UNIT - first * UNIT % ctx.cq_size)
-        files = 1 + span // ctx.cq_size
-        return _pages(span) + files * (min(CQ_AHEAD, ctx.cq_size) + BLOCK)
-    if a == "reindex":
-        g = ctx.geometry
-        head, last = g.entries_start, _last_index_file(ctx)  # header + slot table
-        start = room = total = 0
-        if last is not None:
-            with open(last, "rb") as f:
-                h = f.read(L.INDEX_HEADER_STRUCT.size)
-            if len(h) == L.INDEX_HEADER_STRUCT.size:
-                _, _, _, start, _, count = L.INDEX_HEADER_STRUCT.unpack(h)  # endPhyOffset (§7.3)
-                room = max(0, g.index_num - max(count, 1))
-            total += max(0, head - allocated_in(last, 0, head)) + INDEX_AHEAD
-        n = int(np.count_nonzero(d.key_offset >= start))
-        total += _pages(min(n, room) * L.INDEX_ENTRY_SIZE)
-        rest = n - min(n, room)
-        files = -(-rest // max(1, g.index_num - 1))
-        return total + files * (_pages(head) + INDEX_AHEAD) + _pages(rest * L.INDEX_ENTRY_SIZE)
-    return 0
-
-
-def _free(path: Path) -> tuple[int, int, Path]:
-    """(device, bytes free to unprivileged writers, the existing directory asked)."""
-    p = path
-    while not p.exists():
-        p = p.parent
-    st = os.statvfs(p)
-    return os.stat(p).st_dev, st.f_bavail * st.f_frsize, p
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
-
-
-def preflight(ctx: StepContext, steps: list, backup_dir: Path | None) -> dict:
-    """Check every step, then the space the plan needs against what the filesystems
-    have; :class:`RefusedError` with the figures when it is not there. Changes nothing."""
-    sdev, sfree, _ = _free(ctx.root)
-    bdev, bfree, banchor = _free(backup_dir) if backup_dir is not None else (None, 0, None)
-    same = bdev == sdev
-    need_b = JOURNAL_BYTES + JOURNAL_BYTES_PER_STEP * len(steps) if backup_dir else 0
-    need_s = 0 if backup_dir else JOURNAL_BYTES + JOURNAL_BYTES_PER_STEP * len(steps)
-    try:
-        for s in steps:
-            check_step(s, ctx)
-            reqs = scope(s, ctx)
-            if backup_dir is not None:
-                need_b += sum(backup_bytes(r, ctx, same) for r in reqs)
-            need_s += store_bytes(s, ctx)
-            ctx.gone.update(r[1] for r in reqs if r[0] == "move")
-    finally:
-        ctx.gone.clear()
-    advice = ("free some space, put the backup on another filesystem (--backup DIR), or "
-              "repair without one (--no-backup)") if backup_dir is not None else "free some space"
-    if backup_dir is not None and same:
-        need = need_b + need_s
-        if need > sfree:
-            raise RefusedError(f"not enough free space: the repair needs {need:,} bytes "
-                               f"({_mib(need)}: backup {need_b:,}, new data {need_s:,}) on this "
-                               f"filesystem, which has {sfree:,} bytes ({_mib(sfree)}) free; "
-                               f"nothing was changed; {advice}", ctx.root)
-    else:
-        if need_s > sfree:
-            raise RefusedError(f"not enough free space: the repair writes {need_s:,} bytes "
-                               f"({_mib(need_s)}) in the store, whose filesystem has "
-                               f"{sfree:,} bytes ({_mib(sfree)}) free; nothing was changed; "
-                               f"{advice}", ctx.root)
-        if backup_dir is not None and need_b > bfree:
-            raise RefusedError(f"not enough free space for the backup: it needs {need_b:,} "
-                               f"bytes ({_mib(need_b)}), the filesystem of {banchor} has "
-                               f"{bfree:,} bytes ({_mib(bfree)}) free; nothing was changed; "
-                               f"{advice}", backup_dir)
-    return {"backupBytes": need_b, "storeBytes": need_s, "storeFree": sfree,
-            "backupFree": bfree if backup_dir is not None else None, "sameFilesystem": same}
-
-
 # --- running ---------------------------------------------------------------------------
-
-
-def _zero(path: Path, offset: int, length: int, size: int | None = None) -> None:
-    """Zero ``[offset, offset + length)`` (within the file), rewriting only the chunks
-    that are not zero; then extend the file to ``size`` if shorter. fsync'd."""
-    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-    try:
-        end = min(offset + length, os.fstat(fd).st_size)
-        pos = offset
-        while pos < end:
-            data = os.pread(fd, min(CHUNK, end - pos), pos)
-            if not data:
-                break
-            if not is_zero(data):
-                pwrite_all(fd, bytes(len(data)), pos)
-            pos += len(data)
-        if size is not None and os.fstat(fd).st_size < size:
-            os.ftruncate(fd, size)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fix_body_crc(path: Path, at: int) -> None:
-    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-    try:
-        head = os.pread(fd, L.RECORD_FIXED_SIZE[True, True] + 4, at - 8)
-        sys_flag = _SYS_FLAG.unpack_from(head, L.OFFSET_OF["sys_flag"])[0]
-        fixed = L.RECORD_FIXED_SIZE[bool(sys_flag & L.SYSFLAG_BORNHOST_V6),
-                                    bool(sys_flag & L.SYSFLAG_STOREHOST_V6)]
-        n = int.from_bytes(os.pread(fd, 4, at - 8 + fixed - 4), "big", signed=True)
-        body = os.pread(fd, max(n, 0), at - 8 + fixed)
-        pwrite_all(fd, _BODY_CRC.pack(body_crc(body)), at)
-        # A record that ends in a property CRC covers BODYCRC too (spec §3.8): renew it,
-        # or a broker with forceVerifyPropCRC would cut the log at this record instead.
-        _renew_prop_crc(fd, at - L.OFFSET_OF["body_crc"])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _record_at(fd: int, record_at: int) -> bytes:
-    size = int.from_bytes(os.pread(fd, 4, record_at), "big", signed=True)
-    return os.pread(fd, max(size, 0), record_at) if 0 < size <= (1 << 30) else b""
-
-
-def prop_crc_digits_range(path: Path, record_at: int) -> tuple[int, int] | None:
-    """(position, length) of the digits of the record's ``__CRC32#`` entry, or None when
-    the record at ``record_at`` does not end in one."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        rec = _record_at(fd, record_at)
-    finally:
-        os.close(fd)
-    if not ends_in_prop_crc(rec):
-        return None
-    return record_at + len(rec) - L.PROP_CRC_ENTRY_SIZE + len(L.PROP_CRC_PREFIX), 10
-
-
-def _renew_prop_crc(fd: int, record_at: int) -> None:
-    rec = _record_at(fd, record_at)
-    if ends_in_prop_crc(rec):
-        entry = prop_crc_entry(record_prop_crc(rec))
-        pwrite_all(fd, entry, record_at + len(rec) - L.PROP_CRC_ENTRY_SIZE)
-
-
-def _fix_prop_crc(path: Path, record_at: int) -> None:
-    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-    try:
-        _renew_prop_crc(fd, record_at)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def run(step, ctx: StepContext, items: list[dict], j: Journal) -> None:
     """Do ``step``; its scope (``items``) is saved and journaled already."""
     a, root = step.action, ctx.root
     p = confine(root, step.path) if step.path is not None else None
-    if a in MOVES:
+    if a.endswith("-bcq"):
+        from . import repair_bcq
+
+        repair_bcq.run(step, ctx, items, j)
+    elif a in MOVES:
         for it in items:
             j.move(it)
     elif a == "fix-body-crc":
-        _fix_body_crc(p, step.offset)
+        fix_body_crc(p, step.offset)
     elif a == "fix-prop-crc":
-        _fix_prop_crc(p, step.offset)
+        fix_prop_crc(p, step.offset)
     elif a == "zero-tail":
-        _zero(p, step.offset, step.length)
+        zero_range(p, step.offset, step.length)
     elif a == "extend-segment":
         size = ctx.cfg.mapped_file_size_commit_log
         fd = os.open(p, os.O_RDWR | os.O_NOFOLLOW)
@@ -414,7 +220,7 @@ def run(step, ctx: StepContext, items: list[dict], j: Journal) -> None:
             if it["kind"] == "move":
                 j.move(it)
             else:
-                _zero(root / it["path"], it["offset"], ctx.cq_size, size=ctx.cq_size)
+                zero_range(root / it["path"], it["offset"], ctx.cq_size, size=ctx.cq_size)
     elif a == "rebuild-queue":
         for it in items:
             j.move(it)

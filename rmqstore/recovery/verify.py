@@ -68,6 +68,19 @@ class VerifyReport:
     forecast: Forecast | None
     seconds: float = 0.0
     scan: StoreScan | None = field(default=None, repr=False)
+    #: What dispatch writes for the valid records (:class:`~rmqstore.scan.per_queue.Dispatched`),
+    #: with the 5.x variants applied: BatchCQ topics' units moved out, LMQ units added
+    #: (``variants``, a :class:`~rmqstore.scan.dispatch_5x.Variants`, or None without them).
+    dispatch: object = field(default=None, repr=False)
+    variants: object = field(default=None, repr=False)
+
+    def dispatched(self):
+        """:attr:`dispatch`, or made from :attr:`scan` for a report built without it."""
+        if self.dispatch is None and self.scan is not None:
+            from ..scan.per_queue import dispatched
+
+            self.dispatch = dispatched(self.scan)
+        return self.dispatch
 
     @property
     def problems(self) -> list[Finding]:
@@ -297,7 +310,8 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
             stray_dirs(c, root)
             interrupted_repair(c, root)
             return VerifyReport(str(root), c.findings, log.min_offset, scan.end, scan.reason,
-                                d.messages, d.bytes, forecast, time.perf_counter() - t0, scan)
+                                d.messages, d.bytes, forecast, time.perf_counter() - t0, scan,
+                                d)
     with SegmentQueue(cfg.commit_log_dirs, cfg.mapped_file_size_commit_log, kind="commitlog") as q:
         scan = scan_commitlog(cfg, check_crc=check_crc, processes=processes,
                               progress=progress, queue=q)
@@ -306,14 +320,15 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
             check_prop_crc(c, q, scan, forced=cfg.force_verify_prop_crc and cfg.check_crc_on_recover)
         check_topics(c, q, scan)
         d = dispatched(scan)
-        check_5x_queues(c, root, cfg, scan, d, q)  # BCQ and LMQ (design-14 D2)
+        v = check_5x_queues(c, root, cfg, scan, d, q)  # BCQ and LMQ (design-14 D2)
         check_consume_queues(c, root, cfg, scan, d, q.min_offset, facts)
         check_index(c, root, cfg, scan, d, deep=deep)
         forecast = check_state(c, root, cfg, q, scan, d, cp, abort)
         stray_dirs(c, root)
         interrupted_repair(c, root)
         report = VerifyReport(str(root), c.findings, q.min_offset, scan.end, scan.reason,
-                              d.messages, d.bytes, forecast, time.perf_counter() - t0, scan)
+                              d.messages, d.bytes, forecast, time.perf_counter() - t0, scan,
+                              d, v)
     return report
 
 
