@@ -78,6 +78,9 @@ def test_the_crash_store_forecasts_what_rocketmq_4_9_recovery_lost():
     r = verify(root, deep=True)
     assert codes(r, "error") + codes(r, "warning") == ["abort-present"]
     a = one(r, "abort-present")
+    assert a.severity == "error"  # design-14 §1.10: keys are lost on the next start
+    assert "deletes index file(s) 20261124073013983 and re-indexes nothing: keys of 93 " \
+        "records become unfindable" in a.explanation
     assert a.data["indexFilesDeleted"] == removed == ["20261124073013983"]
     assert a.data["reindexed"] is False
     assert a.data["keyedRecordsLost"] == len(lost) == 93
@@ -95,6 +98,9 @@ def test_the_command_exits_0_clean_and_1_on_the_crash_store():
     assert code == 0, err
     code, out, err = cli("verify", FOLDERS["4.9.8/crash"], "-f", "json")
     assert code == 1 and "abort-present" in out and "keyedRecordsLost" in out, err
+    doc = json.loads(out)
+    assert [f["severity"] for f in doc["findings"] if f["code"] == "abort-present"] == ["error"]
+    assert doc["errors"] == 1
 
 
 # --- damaged copies ---------------------------------------------------------------------------
@@ -205,6 +211,8 @@ def test_an_abort_file_on_a_5x_dledger_store_forecasts_a_rescan_that_reindexes(t
     a = one(r, "abort-present")
     assert a.data["reindexed"] is True and a.data["keyedRecordsLost"] == 0
     assert a.data["startOffset"] == r.forecast.start_offset == want == 4 * FILE
+    assert a.severity == "error"
+    assert f"rescans from data file dledger-n0/data/{want:020d} " in a.explanation
 
 
 def test_forced_property_crcs_are_checked_inside_the_entries():

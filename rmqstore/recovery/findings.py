@@ -72,7 +72,8 @@ CODES = {
     "dledger-uncommitted": (INFO, "entries after the committedIndex of dledger-*/checkpoint"),
     "dledger-files": (ERROR, "DLedger data/index/checkpoint files DLedger would refuse to load"),
     "checkpoint": (WARNING, "checkpoint missing, unreadable, behind or ahead of the data"),
-    "abort-present": (WARNING, "the last broker run did not shut down cleanly"),
+    "abort-present": (WARNING, "the last broker run did not shut down cleanly (an error on a "
+                               "DLedger store: its abnormal start loses index keys on 4.9)"),
     "store-locked": (WARNING, "a process (a broker?) holds the store lock; files may change"),
     "store-feature": (WARNING, "a broker feature rmqstore does not check yet; findings about its "
                                "queues may be wrong, and the writes it would break refuse"),

@@ -17,6 +17,7 @@ from ..files.index import IndexFile, IndexGeometry, list_index_files
 from ..format import layout as L
 from ..format.dledger_layout import DLEDGER_BODY_OFFSET, DLEDGER_MAGIC
 from ..format.record import head_store_timestamp
+from .findings import ERROR
 from ..scan.dledger_scan import DLedgerScan, dledger_scan
 
 
@@ -242,27 +243,37 @@ def forecast_dledger(c, root: Path, cfg, log, scan: DLedgerScan, d, cp, abort: b
         return forecast
     ko = d.key_offset
     keyed = np.unique(ko) if len(ko) else ko
+    # An error, not the plain store's warning (design-14 §1.10): the start that follows
+    # is DLedger's and RocketMQ's abnormal one, which 4.9 survives with keys lost.
     if _family(root, cfg) == "4.9":
         lost = _index_loss(root, cfg, deleted, keyed) if deleted else 0
         c.add("abort-present", root / ckpt.ABORT, None,
               "the last broker run did not shut down cleanly. On start RocketMQ 4.9 on DLedger "
               f"recovers the entry chain (kept up to {end.offset}) and re-dispatches nothing "
               "(DLedgerCommitLog#recover)"
-              + (f"; it deletes index file(s) {', '.join(deleted)} (newer than the checkpoint's "
-                 f"indexMsgTimestamp) and re-indexes nothing: the keys of {lost} record(s) "
-                 "become unfindable (`rmqstore repair` removes the same file and re-indexes, with a "
-                 "backup)" if deleted else ""),
-              startOffset=end.recovery_start, cutAt=end.offset, indexFilesDeleted=deleted,
-              reindexed=False, keyedRecordsLost=lost)
+              + (f"; it deletes index file(s) {', '.join(deleted)} and re-indexes nothing: "
+                 f"keys of {lost} records become unfindable (the files are newer than the "
+                 "checkpoint's indexMsgTimestamp; `rmqstore repair` removes the same files "
+                 "and re-indexes, with a backup)" if deleted else ""),
+              severity=ERROR, startOffset=end.recovery_start, cutAt=end.offset,
+              indexFilesDeleted=deleted, reindexed=False, keyedRecordsLost=lost)
     else:
         start = rescan_start(log, cp, cfg)
         forecast.start_offset = start
         c.add("abort-present", root / ckpt.ABORT, None,
               "the last broker run did not shut down cleanly. On start RocketMQ 5 on DLedger "
-              f"recovers the entry chain (kept up to {end.offset}), rescans from the data file "
-              f"at {start} and re-dispatches every record from there"
+              f"recovers the entry chain (kept up to {end.offset}), rescans from data file "
+              f"{_data_file_name(c, log, start)} and re-dispatches every record from there"
               + (f"; it deletes index file(s) {', '.join(deleted)} (newer than the checkpoint's "
                  "indexMsgTimestamp) and re-indexes them" if deleted else ""),
-              startOffset=start, cutAt=end.offset, indexFilesDeleted=deleted,
+              severity=ERROR, startOffset=start, cutAt=end.offset, indexFilesDeleted=deleted,
               reindexed=True, keyedRecordsLost=0)
     return forecast
+
+
+def _data_file_name(c, log, start: int) -> str:
+    """The data file starting at ``start``, as a path below the store root."""
+    for s in log.data_files:
+        if s.start == start:
+            return c.rel(s.path)
+    return f"{start:020d}"
