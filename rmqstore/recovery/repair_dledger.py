@@ -8,8 +8,9 @@ write). Problems inside the DLedger files are left to DLedger's next start, with
 from __future__ import annotations
 
 #: Steps repair runs on a DLedger store; any other is refused with :data:`NOT_YET`.
-STEPS = ("remove-leftover", "move-stray", "rebuild-queue", "dispatch-queue", "remove-index",
-         "reindex", "write-checkpoint", "remove-abort", "create-abort")
+STEPS = ("remove-leftover", "move-stray", "rebuild-queue", "dispatch-queue", "rebuild-bcq",
+         "dispatch-bcq", "remove-index", "reindex", "write-checkpoint", "remove-abort",
+         "create-abort")
 NOT_YET = ("not supported on a DLedger store yet (repair writes nothing under dledger-*/ and "
            "has no DLedger-framed evidence for this step); DLedger's and RocketMQ's next start "
            "do it, or --allow-data-loss")

@@ -305,13 +305,13 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
     log = ledger_for(cfg)
     if log is not None:  # a DLedger CommitLog: entry framing (design-14 §1.10)
         with log:
-            scan, d, forecast = verify_dledger(c, root, cfg, log, cp, abort, deep=deep,
-                                               check_crc=check_crc, progress=progress)
+            scan, d, forecast, v = verify_dledger(c, root, cfg, log, cp, abort, deep=deep,
+                                                  check_crc=check_crc, progress=progress)
             stray_dirs(c, root)
             interrupted_repair(c, root)
             return VerifyReport(str(root), c.findings, log.min_offset, scan.end, scan.reason,
                                 d.messages, d.bytes, forecast, time.perf_counter() - t0, scan,
-                                d)
+                                d, v)
     with SegmentQueue(cfg.commit_log_dirs, cfg.mapped_file_size_commit_log, kind="commitlog") as q:
         scan = scan_commitlog(cfg, check_crc=check_crc, processes=processes,
                               progress=progress, queue=q)

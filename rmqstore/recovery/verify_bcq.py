@@ -25,14 +25,16 @@ _FIELDS = ("commit_log_offset", "size", "tags_code", "store_timestamp", "msg_bas
            "batch_size", "compacted_offset", "reserved")
 
 
-def check_5x_queues(c, root: Path, cfg, scan, d, q) -> Variants | None:
+def check_5x_queues(c, root: Path, cfg, scan, d, q, read_at=None) -> Variants | None:
     """Check the BatchConsumeQueues, add the LMQ units to ``d`` (see the module); the
-    :class:`~rmqstore.scan.dispatch_5x.Variants` found, or None for a store without them."""
+    :class:`~rmqstore.scan.dispatch_5x.Variants` found, or None for a store without them.
+    ``q`` gives the CommitLog's ``min_offset``; ``read_at(offset)`` the record there (by
+    default read through ``q``'s segments; a DLedger log passes its own)."""
     kinds = store_queue_kinds(root, cfg, scan)
     listing = list_batch_queues(root)
     if not kinds.any and not listing.queues and not listing.problems:
         return None
-    v = apply_5x(d, kinds, CommitLog(cfg, queue=q).read_at)
+    v = apply_5x(d, kinds, read_at or CommitLog(cfg, queue=q).read_at)
     for off, why in v.bcq_skipped:
         c.add("bcq-skipped", None, off, why)
     for off, why in v.lmq_problems[:20]:

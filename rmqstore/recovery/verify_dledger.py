@@ -24,9 +24,10 @@ from ..scan.dledger_scan import DLedgerScan, dledger_scan
 def verify_dledger(c, root: Path, cfg, log, cp, abort: bool, *, deep: bool, check_crc: bool,
                    progress=None):
     """Every DLedger finding of the store at ``root`` into ``c``; returns (scan,
-    dispatched, forecast) for :class:`~rmqstore.recovery.verify.VerifyReport`."""
+    dispatched, forecast, 5.x variants) for :class:`~rmqstore.recovery.verify.VerifyReport`."""
     from ..scan.per_queue import dispatched
     from .verify import check_topics
+    from .verify_bcq import check_5x_queues
     from .verify_cq import check_consume_queues
     from .verify_index import check_index
     from .verify_prop_crc import check_prop_crc, uses_prop_crc
@@ -42,12 +43,15 @@ def verify_dledger(c, root: Path, cfg, log, cp, abort: bool, *, deep: bool, chec
                        forced=cfg.force_verify_prop_crc and cfg.check_crc_on_recover)
     check_topics(c, log.files.data, scan)
     d = dispatched(scan)
+    # BatchConsumeQueues and LMQ units, as on a plain store (design-14 §4, §5): the
+    # records are read by their offsets inside the entries.
+    v = check_5x_queues(c, root, cfg, scan, d, log, read_at=log.message_at)
     check_consume_queues(c, root, cfg, scan, d, log.min_offset, {"debris": None})
     check_index(c, root, cfg, scan, d, deep=deep)
     check_lock(c, root)
     forecast = forecast_dledger(c, root, cfg, log, scan, d, cp, abort)
     check_checkpoint(c, root, cfg, scan, d, cp, abort)
-    return scan, d, forecast
+    return scan, d, forecast, v
 
 
 # --- the DLedger files --------------------------------------------------------------------
