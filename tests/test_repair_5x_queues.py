@@ -172,6 +172,19 @@ def test_a_corrupt_bcq_unit_is_rebuilt_from_the_records(seed, tmp_path):
     undone(res, store, before)
 
 
+def test_a_topic_only_its_records_call_batchcq_gets_no_queue(tmp_path):
+    """batchconsumequeue/ and config/topics.json gone: only the inner-batch records say
+    TopicBCQ is BatchCQ (design-14 D5); repair writes no BatchConsumeQueue from a guess
+    and says why (as rebuild refuses)."""
+    store = damaged_copy("batch-cq", tmp_path)
+    shutil.rmtree(store / "batchconsumequeue")
+    (store / "config" / "topics.json").unlink()
+    plan = plan_repair(store)
+    assert plan.steps == []
+    why = {(f.code, w) for f, w in plan.unfixed}
+    assert len(why) == 1 and "restore config/topics.json" in next(iter(why))[1]
+
+
 # --- LMQ --------------------------------------------------------------------------------------
 
 
