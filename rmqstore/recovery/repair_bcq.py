@@ -70,6 +70,7 @@ class BatchQueuePlan:
         self.root, self.cfg, self.rep, self.by_code, self.unfixed = root, cfg, rep, by_code, unfixed
         self.odd = [f.file for code in ("symlink", "special-file")
                     for f in by_code.get(code, []) if f.file]
+        self.size: int | None = None  # mapperFileSizeBatchConsumeQueue, once steps are asked
 
     def _why_not(self, q: str) -> str | None:
         """Why repair writes nothing in queue ``q``, or None."""
@@ -109,9 +110,11 @@ class BatchQueuePlan:
                 elif q not in rebuild:
                     rebuild[q] = f
         out, cut, tail = [], [], []
+        left: dict[str, str] = {}  # queue -> why repair leaves it
         for q, f in sorted(rebuild.items()):
             why = self._why_not(q)
             if why:
+                left[q] = why
                 self.unfixed.append((f, why))
                 continue
             out.append(Step("rebuild-bcq", q, f"units disagree with the records ({f.code}): "
@@ -120,7 +123,9 @@ class BatchQueuePlan:
         for code, steps in (("bcq-beyond-end", cut), ("bcq-missing-tail", tail)):
             for f in self.by_code.get(code, []):
                 q = queue_of(f.file)
-                if q in rebuild:
+                if q in rebuild:  # the rebuild writes the whole queue, or nothing
+                    if q in left:
+                        self.unfixed.append((f, left[q]))
                     continue
                 why = self._why_not(q) if q else "not one queue's file: see the finding"
                 if why:

@@ -115,11 +115,15 @@ def _lmq_determined(root: Path, cfg, steps: list[Step]) -> None:
     ``consumequeue/%LMQ%*`` nor broker.conf says whether the broker dispatched it: the
     LMQ queues would be left out or made up (design-14 D6, as ``rebuild`` refuses)."""
     from ..errors import ConfigError
+    from ..files.storekind import profile
     from ..scan.dispatch_5x import lmq_undetermined, store_queue_kinds
 
     if not any(s.action in _WRITES_CQ for s in steps):
         return
-    where = lmq_undetermined(cfg, store_queue_kinds(root, cfg))
+    kinds = store_queue_kinds(root, cfg)
+    if kinds.lmq_evidence or profile(root, cfg.commit_log_dirs).family == "4.9":
+        return  # the rule rebuild applies (rebuild_5x.kinds_for_rebuild)
+    where = lmq_undetermined(cfg, kinds)
     if where is not None:
         raise ConfigError(
             "repair refused: a record carries INNER_MULTI_QUEUE_OFFSET (LMQ, "

@@ -29,9 +29,9 @@ def refused_steps(root: Path, cfg, rep: VerifyReport, steps: list[Step],
 
     1. ``zero-tail``/``move-segment`` over CRC-valid records found after the verified end
        (a chain break before intact data, not a torn write);
-    2. ``cut-queue``/``rebuild-queue`` (``cut-bcq``/``rebuild-bcq``) dropping units that point at such records, or at
-       offsets no segment file holds, or any unit at all when no CommitLog segment holds
-       a byte (a missing or empty commitlog/);
+    2. ``cut-queue``/``rebuild-queue`` (and ``cut-bcq``/``rebuild-bcq``) dropping units
+       that point at such records, or at offsets no segment file holds, or any unit at
+       all when no CommitLog segment holds a byte (a missing or empty commitlog/);
     3. without a backup, any step of :data:`_LOSSY_WITHOUT_BACKUP` over bytes holding a
        CRC-valid record wherever it stands (a segment renamed or copied to a stray name
        or place, records whose PHYSICALOFFSET is not their position): with a backup
