@@ -17,7 +17,7 @@ from ..files.index import list_index_files
 from ..files.sparse import BLOCK, allocated, allocated_in
 from ..format import layout as L
 from .repair_bcq import STEPS as BCQ_STEPS, store_bytes as bcq_store_bytes
-from .repair_steps import StepContext, _queue, check_step, scope
+from .repair_steps import StepContext, check_step, scope, step_queue
 from .store_paths import is_dir
 
 #: Room for the manifest and journal records (a step's records and saved-file blocks
@@ -69,7 +69,7 @@ def store_bytes(step, ctx: StepContext) -> int:
     if a == "write-checkpoint":
         return 0 if os.path.lexists(ctx.root / ckpt.CHECKPOINT) else BLOCK
     if a in ("rebuild-queue", "dispatch-queue"):
-        units = d.units.get(_queue(step))
+        units = d.units.get(step_queue(step))
         if units is None or not len(units[0]):
             return 0
         first, last = int(units[0][0]), int(units[0][-1])

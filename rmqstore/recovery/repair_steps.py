@@ -91,7 +91,7 @@ def with_abort_steps(steps: list, abort_exists: bool) -> list:
 # --- checks and scopes -------------------------------------------------------------------
 
 
-def _queue(step) -> tuple[str, int]:
+def step_queue(step) -> tuple[str, int]:
     parts = (step.path or "").split("/")
     if len(parts) != 3 or parts[0] != "consumequeue" or not parts[2].isdigit() \
             or len(parts[2]) > 10 or int(parts[2]) > 2**31 - 1:
@@ -109,7 +109,7 @@ def check_step(step, ctx: StepContext) -> None:
                            "create-abort", "remove-abort") and os.path.islink(p):
             raise UnsafePathError("a symbolic link: rmqstore does not write through it", p)
     if step.action in QUEUE_STEPS:
-        _queue(step)
+        step_queue(step)
     if step.action.endswith("-bcq"):
         from .repair_bcq import queue_key
 
@@ -224,7 +224,7 @@ def run(step, ctx: StepContext, items: list[dict], j: Journal) -> None:
     elif a == "rebuild-queue":
         for it in items:
             j.move(it)
-        units = ctx.d.units.get(_queue(step))
+        units = ctx.d.units.get(step_queue(step))
         if units is not None:
             from ..files.consumequeue_writer import build_consume_queue
 
@@ -236,7 +236,7 @@ def run(step, ctx: StepContext, items: list[dict], j: Journal) -> None:
             os.mkdir(p)
             fsync_dir(p.parent)
     elif a == "dispatch-queue":
-        units = ctx.d.units.get(_queue(step))
+        units = ctx.d.units.get(step_queue(step))
         if units is not None:
             have = 0
             if is_dir(root, step.path):
