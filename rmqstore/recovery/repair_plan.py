@@ -115,7 +115,7 @@ def _lmq_determined(root: Path, cfg, steps: list[Step]) -> None:
     ``consumequeue/%LMQ%*`` nor broker.conf says whether the broker dispatched it: the
     LMQ queues would be left out or made up (design-14 D6, as ``rebuild`` refuses)."""
     from ..errors import ConfigError
-    from ..files.storekind import profile
+    from ..files.storekind_profile import profile
     from ..scan.dispatch_5x import lmq_undetermined, store_queue_kinds
 
     if not any(s.action in _WRITES_CQ for s in steps):
