@@ -18,7 +18,7 @@ from pathlib import Path
 
 import damage as D
 import fuzz_store as FS
-from rmqstore.scan.segment_pass import cache_dir as kernel_cache_dir
+from rmqstore.files.jit import cache_dir as kernel_cache_dir
 from fuzz_checks import (NOT_LOCK, TIMEOUT_CLI, CaseResult, Runner, _read_diffs, _samples,
                          _store_entries, backup_unjudged, case_env, check_prefix, diff_states,
                          features, grew, healthy, lock_held, must_keep, outside_diff, restore_cli_args,
@@ -48,7 +48,7 @@ def cli_env(c: FS.Case) -> dict:
     return env
 
 
-# The compiled scan kernels' cache (rmqstore.scan.segment_pass.cache_dir: by default in the
+# The compiled scan kernels' cache (rmqstore.files.jit.cache_dir: by default in the
 # user's cache directory, never a store) is the one thing a command keeps outside the store,
 # by design. Commands here share this session's cache, outside the sandbox whose every other
 # byte is watched (and a fresh HOME per case would compile the kernels in every process).

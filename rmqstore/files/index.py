@@ -1,7 +1,8 @@
 """IndexFile: one file of the persistent ``topic#key`` -> CommitLog offset hash table
 (spec §7): its geometry, header, slots and entries, read through a map and written with the
-broker's putKey (:meth:`IndexFile.put`, §7.4) or its vectorised bulk form
-(:meth:`IndexFile.put_many`, same bytes). Geometry is never stored in a file (§7.1): pass
+broker's putKey (:meth:`IndexFile.put`, §7.4) or its bulk form (:meth:`IndexFile.put_many`,
+same bytes: vectorised with numpy, or compiled by :mod:`rmqstore.files.index_jit` when
+numba is there and the batch is large). Geometry is never stored in a file (§7.1): pass
 it, or infer it with :func:`infer_index_geometry`.
 
 Queries over a directory of files are :mod:`rmqstore.files.index_query`; writing one like
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import numpy as np
 
 from ..errors import ConfigError, SegmentError, StoreIOError
 from ..format import layout as L
+from . import jit
 from .mapped import Ahead, allocate, io_error, map_read, note
 
 DEFAULT_HASH_SLOT_NUM = 5_000_000
@@ -279,7 +282,9 @@ class IndexFile:
 
     def put_many(self, key_hashes: np.ndarray, phy_offsets: np.ndarray,
                  timestamps: np.ndarray) -> None:
-        """:meth:`put` for each entry, vectorised; the entries must fit in this file."""
+        """:meth:`put` for each entry, in one compiled loop (batches of
+        :data:`JIT_MIN_ENTRIES` or more, switch on) or vectorised; the entries must fit in
+        this file."""
         h, g = self.header, self.geometry
         m, c0 = len(key_hashes), h.index_count
         if m == 0:
@@ -288,6 +293,8 @@ class IndexFile:
             raise ValueError("entries do not fit in this IndexFile")
         if c0 + m > self._limit:
             self._allocate(c0 + m)
+        if m >= JIT_MIN_ENTRIES and self._put_compiled(key_hashes, phy_offsets, timestamps):
+            return
         slot = np.asarray(key_hashes, dtype=np.int64) % g.hash_slot_num
         slots = self.slots
         if m < 2 or (m <= _DISTINCT_CHECK_MAX and (np.diff(np.sort(slot)) != 0).all()):
@@ -325,6 +332,30 @@ class IndexFile:
         prev[order] = prev_sorted
         self._put_block(key_hashes, phy_offsets, timestamps, prev, ss[last], ns[last], head)
 
+    def _put_compiled(self, key_hashes, phy_offsets, timestamps) -> bool:
+        """``put_many`` by the compiled kernel (:mod:`rmqstore.files.index_jit`); False
+        when it is switched off or cannot load (the numpy form then does the work)."""
+        loaded = _kernel()
+        if loaded is None:
+            used["off"] += 1
+            return False
+        K, geo = loaded
+        h, g = self.header, self.geometry
+        kh, phy, ts = (np.ascontiguousarray(a, dtype=np.int64)
+                       for a in (key_hashes, phy_offsets, timestamps))
+        put, count, new, begin, begin_phy = K.put_entries(
+            np.frombuffer(self._map, np.uint8), geo, g.hash_slot_num, g.entries_start,
+            h.index_count, g.index_num, h.begin_timestamp, h.begin_phy_offset, kh, phy, ts)
+        if put != len(kh):  # put_many checked they fit: a kernel that stops early is wrong
+            raise AssertionError(f"IndexFile kernel put {put} of {len(kh)} entries")
+        h.hash_slot_count += int(new)
+        h.index_count = int(count)
+        h.begin_timestamp, h.begin_phy_offset = int(begin), int(begin_phy)
+        h.end_phy_offset, h.end_timestamp = int(phy[-1]), int(ts[-1])
+        self._map[:L.INDEX_HEADER_SIZE] = h.pack()
+        used["kernel"] += 1
+        return True
+
     def _put_block(self, key_hashes, phy_offsets, timestamps, prev, set_at, set_to,
                    head) -> None:
         """Write ``put_many``'s entries (predecessors known), slots and header."""
@@ -332,8 +363,12 @@ class IndexFile:
         m, c0 = len(key_hashes), h.index_count
         # timeDiff against the file's beginTimestamp, which the first put sets
         begin = h.begin_timestamp if c0 > 1 else int(timestamps[0])
-        td = _time_diff(np.asarray(timestamps, dtype=np.int64) - begin) if begin > 0 \
-            else np.zeros(m, np.int64)
+        if begin > 0:
+            ts = np.asarray(timestamps, dtype=np.int64)
+            td = _time_diff(ts - begin)
+            td[ts < begin] = 0  # where the difference wrapped round int64: put's 0
+        else:
+            td = np.zeros(m, np.int64)
         if c0 <= 1 and h.begin_timestamp <= 0:
             td[0] = 0  # the very first put still sees the empty header's 0
         elif c0 <= 1:
@@ -367,6 +402,26 @@ class IndexFile:
         except BufferError:
             pass  # a caller still holds a view; the map closes when it is dropped
         self._file.close()
+
+
+#: Batches from this many entries take the compiled kernel when it is on (smaller ones
+#: are not worth importing numba for).
+JIT_MIN_ENTRIES = 4096
+#: How often each form of ``put_many`` ran in this process ("kernel", "off"); tests read it.
+used: Counter = Counter()
+_kernel_state = None  # (kernel module, geometry vector), or False where it cannot load
+
+
+def _kernel():
+    """The compiled put (:mod:`rmqstore.files.index_jit`) or None: switched off
+    (``RMQSTORE_NO_JIT=1``, :mod:`rmqstore.files.jit`) or no numba."""
+    global _kernel_state
+    if jit.switched_off():
+        return None
+    if _kernel_state is None:
+        K = jit.load(__package__ + ".index_jit")
+        _kernel_state = (K, K.geometry()) if K is not None else False
+    return _kernel_state or None
 
 
 _DISTINCT_CHECK_MAX = 1 << 16  # batches up to this size first try the no-collision path

@@ -17,12 +17,11 @@ cached in ``$NUMBA_CACHE_DIR``, by default the user's cache directory (never the
 
 from __future__ import annotations
 
-import os
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 
+from ..files import jit
 from ..format.crc import native_crc32
 from ..format.hashing import java_hash, pow31, signed_int32, span_hash
 from ..format.rules import SCHEDULE_TOPIC
@@ -38,23 +37,6 @@ FIELDS = frozenset(("chain_end", "stop", "offset", "size", "consistent", "crc_ok
                     "topic_id", "tags_code", "key_record", "key_hash"))
 
 _kernels = None  # the loaded kernel module and its tables, or False when numba is missing
-
-
-def cache_dir() -> str:
-    """Where compiled kernels are kept: ``$XDG_CACHE_HOME/rmqstore/numba`` (or
-    ``~/.cache/...``); where that cannot be made, a directory of this user's in the
-    temporary directory."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    d = Path(base) / "rmqstore" / "numba"
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        if os.access(d, os.W_OK):
-            return str(d)
-    except OSError:
-        pass
-    import tempfile  # only now: finding the temporary directory writes a probe file there
-
-    return str(Path(tempfile.gettempdir()) / f"rmqstore-numba-{os.getuid()}")
 
 
 def enabled() -> bool:
@@ -78,14 +60,11 @@ def warm() -> bool:
 
 def _load():
     global _kernels
-    if os.environ.get("RMQSTORE_NO_JIT", "") == "1":
+    if jit.switched_off():
         return None
     if _kernels is None:
-        if not os.environ.get("NUMBA_CACHE_DIR"):
-            os.environ["NUMBA_CACHE_DIR"] = cache_dir()
-        try:
-            from . import segment_jit as K
-        except Exception:  # no numba, or it cannot load here: numpy does the work
+        K = jit.load(__package__ + ".segment_jit")
+        if K is None:
             _kernels = False
         else:
             g, tab = K.geometry()
