@@ -181,7 +181,7 @@ def _index_contents(root):
     return [p.read_bytes() for p in sorted((root / "index").iterdir())]
 
 
-@pytest.mark.parametrize("scenario", scenario_params(MESSAGE_SCENARIOS + ["crash"]))
+@pytest.mark.parametrize("scenario", scenario_params(MESSAGE_SCENARIOS))
 def test_rebuild_index_with_the_kernel_equals_rocketmq(scenario, tmp_path, monkeypatch):
     # The stores RocketMQ 4.9.8 wrote (maxIndexNum 256: most have several files, each
     # filled to its last entry before the next key opens the next): rebuilt with every bulk put compiled.

@@ -343,9 +343,11 @@ class IndexFile:
         h, g = self.header, self.geometry
         kh, phy, ts = (np.ascontiguousarray(a, dtype=np.int64)
                        for a in (key_hashes, phy_offsets, timestamps))
+        words = np.frombuffer(self._map, np.uint32)
         put, count, new, begin, begin_phy = K.put_entries(
-            np.frombuffer(self._map, np.uint8), geo, g.hash_slot_num, g.entries_start,
-            h.index_count, g.index_num, h.begin_timestamp, h.begin_phy_offset, kh, phy, ts)
+            words, geo, g.hash_slot_num, g.entries_start // words.itemsize, h.index_count,
+            g.index_num, h.begin_timestamp, h.begin_phy_offset, kh, phy, ts)
+        del words  # no view of the map may outlive it
         if put != len(kh):  # put_many checked they fit: a kernel that stops early is wrong
             raise AssertionError(f"IndexFile kernel put {put} of {len(kh)} entries")
         h.hash_slot_count += int(new)
@@ -420,7 +422,8 @@ def _kernel():
         return None
     if _kernel_state is None:
         K = jit.load(__package__ + ".index_jit")
-        _kernel_state = (K, K.geometry()) if K is not None else False
+        geo = K.geometry() if K is not None else None
+        _kernel_state = (K, geo) if geo is not None else False
     return _kernel_state or None
 
 
