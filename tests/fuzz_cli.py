@@ -41,10 +41,19 @@ class Outcome:
     seconds: float
 
 
+#: What the terminal and pager depend on, set here and never inherited from the test run.
+TERMINAL_ENV = ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "PAGER", "LESS", "LV",
+                "TTY_COMPATIBLE")
+
+
 def cli_env(c: FS.Case) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQSTORE_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("RMQSTORE_") and k not in TERMINAL_ENV}
+    # No pager: it is tested in test_output_tty; here one would wait for a key (a hang) and
+    # write ~/.lesshst (outside the store). An inherited LINES (pytest-xdist's workers
+    # export LINES=24) gives the pty a height, so the output would outgrow it and page.
     env.update(TMPDIR=str(c.sandbox / "tmp"), HOME=str(c.sandbox / "home"), COLUMNS="120",
-               PYTHONPATH=str(FS.REPO), NUMBA_CACHE_DIR=_KERNEL_CACHE)
+               PAGER="cat", PYTHONPATH=str(FS.REPO), NUMBA_CACHE_DIR=_KERNEL_CACHE)
     return env
 
 

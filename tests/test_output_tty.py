@@ -158,8 +158,11 @@ def test_no_pager_when_it_fits_when_asked_or_when_piped(fake_pager):
     assert code == 0 and len(visible(out)) == 61 and not record.exists()
     code, out, _ = pty_run("dump", SAMPLE, "--limit", 60, rows=24, env={"PAGER": "cat"})
     assert code == 0 and len(visible(out)) == 61
+    # The pipe's environment as pty_run's: an inherited COLUMNS (pytest-xdist's workers
+    # export COLUMNS=80) would cut and wrap the table where a pipe has no width.
+    base = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
     piped = subprocess.run([RMQSTORE, "dump", SAMPLE, "--limit", "60", "-f", "table"],
-                           capture_output=True, text=True, env={**os.environ, **env}, cwd=REPO)
+                           capture_output=True, text=True, env={**base, **env}, cwd=REPO)
     assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 61
     assert not record.exists()
 
