@@ -14,13 +14,14 @@ A clean :meth:`close` stops dispatch and flushing, syncs everything, deletes the
 preallocated segment nothing was written to (§2), writes the checkpoint (§8.1: 3 longs
 for 4.9, 5 for 5) and only then removes ``abort``.
 
+A store with BatchCQ topics or LMQ puts through :mod:`rmqstore.engine.queue_kinds_put`.
+
 ``brokerVersion`` (config.broker_version) picks the on-disk conventions of §13: the
 trailing property separator, magic v2 for long topics, and the checkpoint length.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 from pathlib import Path
@@ -34,7 +35,7 @@ from ..files.index_service import IndexService, recover_unfinished
 from ..files.segments import SegmentQueue
 from ..format import layout as L
 from ..format.message import Message
-from . import batch
+from . import batch, queue_kinds_put
 from .append import CommitLogAppender
 from .dispatch import Dispatcher
 from .dispatch_modes import DISPATCH_MODES, BackgroundDispatcher, hooks
@@ -47,22 +48,6 @@ from .results import Appended, PutResult, PutResults, PutStatus
 from .unfinished_append import clear_unfinished_append
 
 __all__ = ["DISPATCH_MODES", "MessageStore"]
-
-
-def _unsafe_lmq_names(topic: str, props, kinds) -> str | None:
-    """Why a queue LMQ would dispatch the message to cannot be a ``consumequeue/``
-    directory, or None (a name holding '/' is skipped by dispatch, design-14 §5.2)."""
-    from ..files.names import shown, topic_problem
-    from ..format.rules import INNER_MULTI_DISPATCH, java_split_comma, lmq_wrap_applies
-
-    if not kinds.multi_dispatch or not lmq_wrap_applies(topic, props, enable_lmq=kinds.enable_lmq):
-        return None
-    for n in java_split_comma(props[INNER_MULTI_DISPATCH]):
-        why = topic_problem(n)
-        if why is not None and "/" not in n:
-            return (f"{INNER_MULTI_DISPATCH} names queue {shown(n)}, which cannot be a "
-                    f"directory name ({why})")
-    return None
 
 
 def _declined(msg, stamp, record):
@@ -261,46 +246,21 @@ class MessageStore:
         return result
 
     def _put_5x(self, msg: Message, stamp: bool) -> PutResult:
-        """One message into a store with BatchCQ topics or LMQ (design-14 §4.2, §5.1): the
-        inner-batch checks of ``DefaultMessageStore``, then under the append lock what the
-        store adds to the message's properties (an inner batch's INNER_BASE = its queue
-        offset; an LMQ message's INNER_MULTI_QUEUE_OFFSET, WAIT put again), the text
-        re-serialised as 5.x does, the record appended, the LMQ offsets advanced."""
-        from ..format.message import parse_properties, serialize_properties
-        from ..format.rules import (INNER_BASE, INNER_MULTI_QUEUE_OFFSET, WAIT, gets_inner_base,
-                                    inner_batch_refusal, lmq_refusal, lmq_wrap,
-                                    with_store_properties)
-
-        kinds = self.kinds
-        text = msg.properties_text
-        props = parse_properties(text) if text is not None else msg.properties
-        batch_cq = msg.topic in kinds.batch_topics
-        why = inner_batch_refusal(msg.sys_flag, props, batch_cq) or lmq_refusal(
-            msg.topic, props, batch_cq, enable_lmq=kinds.enable_lmq,
-            multi_dispatch=kinds.multi_dispatch) or _unsafe_lmq_names(msg.topic, props, kinds)
+        """One message into a store with BatchCQ topics or LMQ: refused by
+        :func:`~rmqstore.engine.queue_kinds_put.refusal`, else completed under the append
+        lock by :func:`~rmqstore.engine.queue_kinds_put.with_store_properties_5x` and
+        appended; the LMQ offsets advance after it (``updateLmqOffsets``, design-14 §5.1)."""
+        why = queue_kinds_put.refusal(self.kinds, msg)
         if why is not None:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=why)
         a = self.appender
         with a.lock:
-            wrap = lmq_wrap(msg.topic, props, lambda n: a.next_queue_offset(n, 0),
-                            enable_lmq=kinds.enable_lmq)
-            added, move, bump = [], (), []
-            if gets_inner_base(msg.sys_flag, batch_cq):
-                added.append((INNER_BASE, str(a.next_queue_offset(msg.topic, msg.queue_id))))
-            if wrap is not None:
-                added.append((INNER_MULTI_QUEUE_OFFSET, wrap[0]))
-                move, bump = (WAIT,), wrap[1]
-            if added:
-                if text is None:
-                    text = serialize_properties(msg.properties, True)
-                text = with_store_properties(text, added, move)
-                msg = dataclasses.replace(msg, properties_text=text,
-                                          properties=parse_properties(text))
+            msg, bump = queue_kinds_put.with_store_properties_5x(self.kinds, msg, a.next_queue_offset)
             p = prepare(msg, self.config)
             if isinstance(p, PutResult):
                 return p
             result, record = a.append(p, stamp=stamp)
-            for name in bump:  # updateLmqOffsets (design-14 §5.1)
+            for name in bump:
                 a.queue_offsets[(name, 0)] = a.next_queue_offset(name, 0) + 1
             try:
                 self._after([record])
@@ -350,7 +310,7 @@ class MessageStore:
 
     def _put_batch(self, msgs: Sequence[Message], stamp: bool) -> list[PutResult]:
         if self.kinds.any:
-            why = self._batch_5x_refusal(msgs)
+            why = queue_kinds_put.batch_refusal(self.kinds, msgs)
             if why is not None:
                 return [PutResult(PutStatus.MESSAGE_ILLEGAL, reason=why) for _ in msgs]
         elif len(msgs) > 1 and not self._prop_crc:
@@ -376,30 +336,6 @@ class MessageStore:
                 self._failed(e)  # the batch is written: it is put, the store stops
         self._wait_flush(results, True)
         return results
-
-    def _batch_5x_refusal(self, msgs: Sequence[Message]) -> str | None:
-        """Why a regular batch is refused in a store with BatchCQ topics or LMQ, or None:
-        an inner batch is one record of its own (put it alone), and the batch path adds
-        no INNER_MULTI_QUEUE_OFFSET (``encodeBatch`` @5.x), so a message LMQ would dispatch
-        is put alone too (design-14 §4.3, §5.1)."""
-        from ..format.message import parse_properties
-        from ..format.rules import inner_batch_refusal, lmq_refusal, lmq_wrap_applies
-
-        kinds = self.kinds
-        for m in msgs:
-            props = parse_properties(m.properties_text) if m.properties_text is not None \
-                else m.properties
-            batch_cq = m.topic in kinds.batch_topics
-            why = inner_batch_refusal(m.sys_flag, props, batch_cq) or lmq_refusal(
-                m.topic, props, batch_cq, enable_lmq=kinds.enable_lmq,
-                multi_dispatch=kinds.multi_dispatch)
-            if why is not None:
-                return why
-            if m.sys_flag & L.SYSFLAG_INNER_BATCH:
-                return "an inner batch is one record: put it alone, not in a batch"
-            if lmq_wrap_applies(m.topic, props, enable_lmq=kinds.enable_lmq):
-                return "a message LMQ dispatches is put alone, not in a batch"
-        return None
 
     def put_columns(self, columns_batch=None, /, *, stamp: bool = False, **columns):
         """:meth:`put_batch` for a batch given as columns: a
