@@ -124,3 +124,31 @@ def test_duplicate_unit_is_reported(tmp_path):
     seg.write_bytes(bytes(data))
     found = [(f.code, f.file, f.offset) for f in verify(store).findings]
     assert ("cq-duplicate", f"consumequeue/T0/0/{seg.name}", 5 * 20) in found
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "hole before the garbage"])
+def test_garbage_after_a_hole_is_found_as_in_a_dense_file(fixtures_root, tmp_path, sparse):
+    # verify reads only the data extents after the end (a preallocated segment's hole is
+    # zeros by definition): garbage past a hole must be found, counted and located exactly
+    # as in a file that spells the zeros out.
+    from conftest import copy_store
+
+    store = copy_store(fixtures_root / "basic", tmp_path / "s")
+    seg = sorted((store / "commitlog").iterdir())[-1]
+    data = seg.read_bytes()
+    size = len(data)
+    end = size - len(data.rstrip(b"\0"))  # zeros at the end of the newest segment
+    end = size - end
+    garbage_at = size - 100
+    seg.unlink()
+    with open(seg, "wb") as f:
+        if sparse:
+            f.write(data[:end])
+            f.seek(garbage_at)
+            f.write(b"\1\2\3\4\5")
+            f.truncate(size)
+        else:
+            f.write(data[:end] + bytes(garbage_at - end) + b"\1\2\3\4\5" + bytes(size - garbage_at - 5))
+    tails = [f for f in verify(store).findings if f.code == "commitlog-tail"]
+    assert len(tails) == 1
+    assert f"5 non-zero bytes of garbage within the next {garbage_at + 5 - end} bytes" in tails[0].explanation

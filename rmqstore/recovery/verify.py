@@ -43,6 +43,7 @@ from ..errors import NotAStoreError
 from ..files.listing import entries, odd_entry
 from ..scan.dispatch import StoreScan
 from ..files.segments import SegmentQueue
+from ..files.sparse import data_extents
 from .findings import CODES, ERROR, INFO, WARNING, Collector, Finding
 from .verify_prop_crc import check_prop_crc, uses_prop_crc
 
@@ -101,20 +102,40 @@ class VerifyReport:
 # --- CommitLog -----------------------------------------------------------------------------
 
 
-def _tail(buf, pos: int, limit: int) -> tuple[str, str, int]:
-    """(kind, description, bytes) of what follows valid data in a segment."""
-    u8 = np.frombuffer(buf, np.uint8, count=limit)[pos:]
-    nz = np.flatnonzero(u8)
-    if not len(nz):
+def _tail(buf, pos: int, limit: int, path=None) -> tuple[str, str, int]:
+    """(kind, description, bytes) of what follows valid data in a segment. With the
+    segment's ``path`` only its data extents are read: the preallocated rest of a 1 GiB
+    segment is a hole, zeros by definition (SEEK_DATA; the whole range where the file
+    system cannot tell)."""
+    u8 = np.frombuffer(buf, np.uint8, count=limit)
+    extents = [(pos, limit)]
+    if path is not None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            pass
+        else:
+            try:
+                extents = list(data_extents(fd, pos, limit))
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    count, last = 0, 0
+    for a, b in extents:
+        nz = np.flatnonzero(u8[a:b])
+        if len(nz):
+            count += len(nz)
+            last = a + int(nz[-1]) + 1 - pos
+    if not count:
         return "zeros", f"{limit - pos} bytes of zeros", limit - pos
-    last = int(nz[-1]) + 1
     if limit - pos >= 8:
         size, magic = L.BLANK_STRUCT.unpack_from(buf, pos)
         if magic in L.MESSAGE_MAGICS and 0 < size <= limit - pos:
             c = check_record(buf, pos, limit, check_crc=True)
             why = c.reason or c.status.value
             return "torn", f"a torn record (header says {size} bytes; {why})", last
-    return "garbage", f"{len(nz)} non-zero bytes of garbage within the next {last} bytes", last
+    return "garbage", f"{count} non-zero bytes of garbage within the next {last} bytes", last
 
 
 def check_commitlog(c: Collector, queue: SegmentQueue, scan: StoreScan, cp, abort: bool) -> dict:
@@ -162,7 +183,7 @@ def check_commitlog(c: Collector, queue: SegmentQueue, scan: StoreScan, cp, abor
     pos = end - seg.start
     if why not in ("blank", "end", "missing segment") and pos < seg.readable_size:
         buf = seg.buffer()
-        kind, desc, nbytes = _tail(buf, pos, seg.readable_size)
+        kind, desc, nbytes = _tail(buf, pos, seg.readable_size, seg.path)
         if kind != "zeros":
             ts = head_store_timestamp(buf, pos, seg.readable_size) if kind == "torn" else None
             # Debris: RocketMQ's recovery cut this record and left its bytes (§10.4); after a
