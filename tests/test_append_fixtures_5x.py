@@ -46,14 +46,17 @@ def _given(s: dict):
     return m
 
 
-def _replay(scenario: str, root) -> dict:
+def _replay(scenario: str, root, *, config=None, given=None) -> dict:
+    """Every put of ``scenario`` through the engine (``config(manifest)``, ``given(stored)``:
+    the plain forms by default), each result checked against what RocketMQ stored."""
     man = _manifest(scenario)
-    with MessageStore.open(root, _config(man), create=True) as st:
+    given = given or _given
+    with MessageStore.open(root, (config or _config)(man), create=True) as st:
         for group in put_groups(man["messages"]):
             if "batchRequest" in group[0]["request"]:
-                results = st.put_batch([_given(x["stored"]) for x in group])
+                results = st.put_batch([given(x["stored"]) for x in group])
             else:
-                results = [st.put(_given(group[0]["stored"]))]
+                results = [st.put(given(group[0]["stored"]))]
             for r, x in zip(results, group):
                 s = x["stored"]
                 assert r.ok, (x["index"], r)
@@ -241,20 +244,8 @@ def _new_store(scenario: str, root):
 
 
 def _replay_5x(scenario: str, root) -> dict:
-    man = _manifest(scenario)
     _new_store(scenario, root)
-    with MessageStore.open(root, _config_5x(man), create=True) as st:
-        for group in put_groups(man["messages"]):
-            if "batchRequest" in group[0]["request"]:
-                results = st.put_batch([_given_5x(x["stored"]) for x in group])
-            else:
-                results = [st.put(_given_5x(group[0]["stored"]))]
-            for r, x in zip(results, group):
-                s = x["stored"]
-                assert r.ok, (x["index"], r)
-                assert (r.offset, r.size, r.queue_offset, r.msg_id) == (
-                    s["phyOffset"], s["storeSize"], s["queueOffset"], s["msgId"]), x["index"]
-    return man
+    return _replay(scenario, root, config=_config_5x, given=_given_5x)
 
 
 @pytest.mark.parametrize("scenario", ["batch-cq", "lmq"])
