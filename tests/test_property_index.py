@@ -109,3 +109,17 @@ def test_topic_span_hash_tells_spans_apart(spans):
     for i, a in enumerate(spans):
         for j, b in enumerate(spans):
             assert (h[i] == h[j]) == (a == b)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(st.lists(st.integers(0, 60), max_size=40), st.lists(st.integers(0, 60), max_size=300),
+       st.integers(1, 40), st.booleans())
+def test_sorted_isin_is_isin(members, values, repeat, sort):
+    # sorted_isin searches runs of equal values once when they come in order (an IndexFile's
+    # offsets): every form gives np.isin's answer; `repeat` makes long runs past the
+    # threshold where that path starts
+    s = np.unique(np.array(members, np.int64))
+    v = np.repeat(np.array(values, np.int64), repeat)
+    if sort:
+        v = np.sort(v)
+    assert R.sorted_isin(v, s).tolist() == np.isin(v, s).tolist()

@@ -84,14 +84,15 @@ def _check_file(c, f: IndexFile, valid_off, end: int, min_offset: int,
         chain.append(f"{len(bad_heads)} slot(s) point outside the used entries (first slot "
                      f"{int(bad_heads[0])} -> {int(heads[bad_heads[0]])})")
     hs = np.flatnonzero(live_heads)
-    wrong_slot = hs[(kh[heads[hs] - 1] % g.hash_slot_num) != hs]
+    slot = kh % g.hash_slot_num  # each entry's slot, once (a modulo per entry is dear)
+    wrong_slot = hs[slot[heads[hs] - 1] != hs]
     if len(wrong_slot):
         chain.append(f"{len(wrong_slot)} slot head(s) hold an entry of another slot")
     if n:
         bad_link = (prev < 0) | (prev >= num)
         linked = ~bad_link & (prev > 0)
         cross = np.zeros(n, bool)
-        cross[linked] = (kh[prev[linked] - 1] % g.hash_slot_num) != (kh[linked] % g.hash_slot_num)
+        cross[linked] = slot[prev[linked] - 1] != slot[linked]
         bad = bad_link | cross | (kh < 0) | (td < 0)
         if bad.any():
             k = int(np.flatnonzero(bad)[0])

@@ -190,8 +190,18 @@ class PropertyIndex:
 
 
 def sorted_isin(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
-    """``np.isin`` for a sorted ``sorted_set`` by binary search (no hashing or sorting)."""
+    """``np.isin`` for a sorted ``sorted_set`` by binary search (no hashing or sorting).
+    Values in non-decreasing order (an IndexFile's offsets: a record's keys sit side by
+    side) are searched once per run of equal values."""
     if not len(sorted_set):
         return np.zeros(len(values), bool)
+    n = len(values)
+    if n > 1024:
+        step = values[1:] != values[:-1]
+        if not (values[1:] < values[:-1]).any():
+            starts = np.flatnonzero(np.concatenate(([True], step)))
+            if len(starts) * 2 < n:  # runs: search each distinct value once
+                return np.repeat(sorted_isin(values[starts], sorted_set),
+                                 np.diff(np.append(starts, n)))
     i = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
     return sorted_set[i] == values
