@@ -264,3 +264,22 @@ def test_stats_counts_messages_and_records():
         assert row["messages"] == sq["maxOffset"] - sq["minOffset"]
         assert row["maxQueueOffset"] == sq["maxOffset"] - 1
     assert q["TopicBCQ", 0]["records"] == 26
+
+
+def test_a_short_last_file_places_the_missing_units_in_it(tmp_path):
+    # TopicBCQ/0's second file holds 10 units; cut to 5, the 6th is missing: verify names
+    # that file and the byte where the unit belongs (the broker puts it there), not the
+    # file after it
+    if not STORE.is_dir():
+        pytest.skip(f"RocketMQ-written fixtures not found at {FIXTURES}")
+    from conftest import copy_store
+    from rmqstore.recovery.verify import verify
+
+    store = copy_store(STORE, tmp_path / "s")
+    last = store / "batchconsumequeue" / "TopicBCQ" / "0" / "00000000000000000736"
+    with open(last, "r+b") as f:
+        f.truncate(5 * L.BCQ_UNIT_SIZE)
+    tails = [f for f in verify(store).findings if f.code == "bcq-missing-tail"]
+    assert len(tails) == 1
+    assert (tails[0].file.endswith("TopicBCQ/0/00000000000000000736"), tails[0].offset) == \
+        (True, 5 * L.BCQ_UNIT_SIZE), (tails[0].file, tails[0].offset)

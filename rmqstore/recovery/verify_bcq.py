@@ -65,13 +65,16 @@ def check_5x_queues(c, root: Path, cfg, scan, d, q, read_at=None) -> Variants | 
 
 
 def _place(bcq: BatchConsumeQueue, i: int) -> tuple[Path, int]:
-    """(file, byte position) of recovered unit ``i``."""
+    """(file, byte position) of recovered unit ``i``; past the last one, where the broker
+    puts the next units: on in the last file while it has room (a short last file
+    included), then in the files after it."""
+    start, n = 0, 0
     for (start, _), n in zip(bcq.segments, bcq._used):
         if i < n:
             return bcq.path / f"{start:020d}", i * UNIT
         i -= n
-    start = bcq.segments[-1][0] + bcq.file_size if bcq.segments else 0
-    return bcq.path / f"{start:020d}", i * UNIT
+    k, r = divmod(n + i, max(bcq.file_size // UNIT, 1))  # counted from the last file's start
+    return bcq.path / f"{start + k * bcq.file_size:020d}", r * UNIT
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
