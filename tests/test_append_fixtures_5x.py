@@ -292,16 +292,21 @@ def _jsonl_5x(man: dict) -> str:
                             for _, f, b, t in inner_entries(base64.b64decode(s["bodyBase64"]))]
         else:
             row["bodyBase64"] = s["bodyBase64"]
+        text = s["propertiesString"]
+        if text.endswith("\x02") and "__CRC32#" in text[-20:]:
+            text = text[:-20]  # the store's property CRC entry (spec §3.8): it adds its own
         row["propertiesText"] = serialize_properties(props, True) if (
-            len(props) < len(parse_properties(s["propertiesString"]))) else s["propertiesString"]
+            len(props) < len(parse_properties(s["propertiesString"]))) else text
         lines.append(json.dumps(row))
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize("scenario", ["batch-cq", "lmq"])
-def test_cli_append_reproduces_rocketmq_533_batch_cq_and_lmq(scenario, tmp_path):
-    # The CLI's input for inner batches (a ``batch`` list, docs/cli.md) and broker.conf's
-    # enableLmq/enableMultiDispatch/mapperFileSizeBatchConsumeQueue give RocketMQ's files.
+@pytest.mark.parametrize("scenario", ["basic", "long-topics", "crash", "prop-crc", "batch-cq", "lmq"])
+def test_cli_append_reproduces_rocketmq_533_store(scenario, tmp_path):
+    # T7 through `rmqstore append --broker-version 5`: every 5.3.3 folder's records, one
+    # line each (inner batches as a ``batch`` list, docs/cli.md), with broker.conf's
+    # enableLmq/enableMultiDispatch/mapperFileSizeBatchConsumeQueue/enabledAppendPropCRC,
+    # give RocketMQ's files (the crash store: what its recovery kept, crash-recovered).
     from test_append_fixtures import GEOMETRY_ARGS, _rmqstore
 
     man = _manifest(scenario)
@@ -311,7 +316,8 @@ def test_cli_append_reproduces_rocketmq_533_batch_cq_and_lmq(scenario, tmp_path)
     conf = tmp_path / "broker.conf"
     conf.write_text(f"enableLmq={str(sc['enableLmq']).lower()}\n"
                     f"enableMultiDispatch={str(sc['enableMultiDispatch']).lower()}\n"
-                    f"mapperFileSizeBatchConsumeQueue={sc['mapperFileSizeBatchConsumeQueue']}\n")
+                    f"mapperFileSizeBatchConsumeQueue={sc['mapperFileSizeBatchConsumeQueue']}\n"
+                    f"enabledAppendPropCRC={str(sc['enabledAppendPropCRC']).lower()}\n")
     res = _rmqstore("append", str(root), "--create", "--jsonl", "-", "--config", str(conf),
                     "--broker-version", "5", *GEOMETRY_ARGS, "--format", "jsonl",
                     stdin=_jsonl_5x(man))
@@ -321,10 +327,10 @@ def test_cli_append_reproduces_rocketmq_533_batch_cq_and_lmq(scenario, tmp_path)
             for r in rows] == [(x["stored"]["phyOffset"], x["stored"]["storeSize"],
                                 x["stored"]["queueOffset"], x["stored"]["msgId"])
                                for x in man["messages"]]
-    ref = R5 / scenario
+    ref = R5 / ("crash-recovered" if scenario == "crash" else scenario)
     for part in ("commitlog", "consumequeue", "batchconsumequeue"):
         assert _files(root, part) == _files(ref, part), part
-    assert list(_files(root, "index").values()) == list(_files(ref, "index").values())
+    assert list(_files(root, "index").values()) == list(_files(R5 / scenario, "index").values())
 
 
 @pytest.mark.parametrize("scenario", ["batch-cq", "lmq"])
