@@ -111,27 +111,13 @@ class BatchConsumeQueue(QueueFiles):
         if self.file_size < UNIT:
             raise SegmentError(f"BatchConsumeQueue file size {self.file_size} holds no unit",
                                self.path)
-        self.units_per_file = self.file_size // UNIT
         self._load(truncate_at)
 
     def _recover(self) -> None:
         """``BatchConsumeQueue#recover`` @5.x: from the third file from the end, valid units
-        up to the first invalid one; a full file goes on to the next."""
-        segs = self.segments
-        self._used = [len(u) for _, u in segs]
-        last = len(segs) - 1
-        for i in range(max(0, len(segs) - 3), len(segs)):
-            n = first_false(_valid(segs[i][1]))
-            self._used[i] = n
-            last = i
-            if n < self.units_per_file:
-                break
-        for start, _ in segs[last + 1:]:
-            self.problems.append(QueueProblem(
-                "beyond-end", str(self.path / f"{start:020d}"),
-                "file after the end of data (the broker deletes it on load)"))
-        del segs[last + 1:]
-        del self._used[last + 1:]
+        up to the first invalid one; a full file goes on to the next (the walk a
+        ConsumeQueue's recover makes, with this kind's unit validity)."""
+        self._recover_files(_valid, "file")
 
     def _truncate(self, phy: int) -> None:
         """``truncateDirtyLogicFiles(phy)``: from the last file, drop a file whose first unit

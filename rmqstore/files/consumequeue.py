@@ -160,6 +160,29 @@ class QueueFiles:
             self._truncate(truncate_at)
         self._units: np.ndarray | None = None
 
+    def _recover_files(self, valid, noun: str) -> None:
+        """The recover walk both kinds share (spec §6.1 steps 1-5, ``BatchConsumeQueue#
+        recover`` @5.x): files before the third from the end are trusted whole; from there,
+        the ``valid(units)`` ones up to the first invalid, a full file going on to the next;
+        files after the end are reported (the broker deletes them on load) and dropped.
+        Sets ``_used``, the valid units per remaining file."""
+        segs = self.segments
+        self._used = [len(u) for _, u in segs]
+        per_file = self.file_size // self._DTYPE.itemsize
+        last = len(segs) - 1
+        for i in range(max(0, len(segs) - 3), len(segs)):
+            n = first_false(valid(segs[i][1]))
+            self._used[i] = n
+            last = i
+            if n < per_file:
+                break
+        for start, _ in segs[last + 1:]:
+            self.problems.append(QueueProblem(
+                "beyond-end", str(self.path / f"{start:020d}"),
+                f"{noun} after the end of data (the broker deletes it on load)"))
+        del segs[last + 1:]
+        del self._used[last + 1:]
+
     def _map(self, p: Path, length: int) -> np.ndarray:
         unit = self._DTYPE.itemsize
         if length < unit:
@@ -216,24 +239,8 @@ class ConsumeQueue(QueueFiles):
 
     def _recover(self) -> None:
         """End of data as the broker's recover finds it (spec §6.1 steps 1-5)."""
+        self._recover_files(_valid, "segment")
         segs = self.segments
-        self._used = [0] * len(segs)  # valid units per segment
-        last = -1
-        for i in range(max(0, len(segs) - 3)):
-            self._used[i] = len(segs[i][1])  # not scanned: the broker trusts them
-            last = i
-        for i in range(max(0, len(segs) - 3), len(segs)):
-            n = first_false(_valid(segs[i][1]))
-            self._used[i] = n
-            last = i
-            if n < self.file_size // UNIT:
-                break
-        for start, _ in segs[last + 1:]:
-            self.problems.append(QueueProblem(
-                "beyond-end", str(self.path / f"{start:020d}"),
-                "segment after the end of data (the broker deletes it on load)"))
-        del segs[last + 1:]
-        del self._used[last + 1:]
         self.max_physic_offset = -1
         self.last_unit_offset: int | None = None  # CommitLog offset of the last unit's record
         for (_, units), n in zip(reversed(segs), reversed(self._used)):
