@@ -119,6 +119,30 @@ def test_child_failure_leaves_the_store_as_it_was(scenario, tmp_path, monkeypatc
     assert not [p for p in store.iterdir() if p.name.startswith(SCRATCH_PREFIX)]
 
 
+@pytest.mark.parametrize("scenario", scenario_params(["basic"]))
+def test_index_thread_failure_leaves_the_store_as_it_was(scenario, tmp_path, monkeypatch):
+    """The live IndexFile puts run on a thread of their own: a put that fails there is
+    raised by the rebuild (one typed line), which leaves the old files and no scratch."""
+    import rmqstore.recovery.rebuild_writers as live
+    from conftest import tree_hashes
+    from rmqstore.errors import StoreIOError
+
+    calls = []
+
+    def broken(self, *a, **k):
+        calls.append(len(a[0]))
+        raise OSError(28, "No space left on device (injected)")
+
+    monkeypatch.setattr(live.IndexService, "put_hashes", broken)
+    store = copy_store(ROCKETMQ_498 / scenario, tmp_path / scenario)
+    before = tree_hashes(store)
+    with pytest.raises(StoreIOError, match="injected"):
+        rebuild(store)
+    assert calls  # the thread's put ran and failed
+    assert tree_hashes(store) == before
+    assert not [p for p in store.iterdir() if p.name.startswith(SCRATCH_PREFIX)]
+
+
 def test_files_built_during_the_scan_are_kept_only_when_exact(tmp_path, monkeypatch):
     """ConsumeQueues and IndexFiles built while ranges arrive are used when their units
     and puts are exactly the valid records' (a clean store), and thrown away for the bulk

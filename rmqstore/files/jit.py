@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from pathlib import Path
 
 
@@ -42,6 +43,12 @@ def load(module: str):
     first and keep the answer."""
     if not os.environ.get("NUMBA_CACHE_DIR"):
         os.environ["NUMBA_CACHE_DIR"] = cache_dir()
+    numba = sys.modules.get("numba")
+    if numba is not None and not getattr(numba.config, "CACHE_DIR", ""):
+        # numba reads NUMBA_CACHE_DIR when it is first imported: imported before (by the
+        # caller's own code), it would put the kernels beside rmqstore's sources (or,
+        # where those are read-only, compile them on every run)
+        numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
     try:
         return importlib.import_module(module)
     except Exception:  # no numba, or it cannot load here: numpy does the work

@@ -11,12 +11,22 @@ log). But the valid records are a prefix of the chain, and what went in is every
 and put of a prefix of the chain too, in order; so when as many units (and puts) went in
 as the valid records have, they are exactly those. :meth:`Live.finish` checks that and
 otherwise throws the files away for the bulk build.
+
+The IndexFile puts run on a thread of their own (the compiled put releases the GIL), so
+they overlap the ConsumeQueue writing in this process as well as the scan in the workers;
+each put gets its own copies of the part's arrays (a part may live in the scan's shared
+memory, which is gone once the scan returns), and the thread is drained before the index
+is closed, finished or thrown away.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+
+import numpy as np
 
 from ..files.config import StoreConfig
 from ..files.consumequeue_writer import ConsumeQueueWriter
@@ -29,6 +39,8 @@ from ..files.names import is_safe_topic, queue_dir
 MAX_GROUPS = 256
 #: Queues written live at most: each keeps files open until the end (descriptor limits).
 MAX_QUEUES = 512
+#: Index puts handed to the index thread and not yet done, at most (bounds the copies held).
+MAX_PENDING_PUTS = 8
 
 
 def finish_index(svc: IndexService, fsync: bool) -> tuple[int, list[str]]:
@@ -51,11 +63,14 @@ class Live:
             self.cq_dir.mkdir()
             self.writers = {}
         self.svc = None
+        self._puts: ThreadPoolExecutor | None = None
+        self._pending: deque[Future] = deque()
         if index:
             self.index_dir.mkdir()
             self.svc = IndexService(self.index_dir,
                                     IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num),
                                     clock=clock, flush_full_files=False)
+            self._puts = ThreadPoolExecutor(1, thread_name_prefix="rmqstore-index")
         self.units = self.written = self.puts = 0
         self.stopped = False
 
@@ -71,7 +86,12 @@ class Live:
                     self._drop_queues()
         m = len(part["key_hash"])
         if self.svc is not None and m:
-            self.svc.put_hashes(*keys(part, 0, m))
+            h, phy, ts = keys(part, 0, m)
+            # copies (astype copies), made now: the part's arrays may be shared memory
+            args = (h.astype(np.int64), phy.astype(np.int64), ts.astype(np.int64))
+            while len(self._pending) >= MAX_PENDING_PUTS:
+                self._pending.popleft().result()  # re-raises the thread's error here
+            self._pending.append(self._puts.submit(self.svc.put_hashes, *args))
             self.puts += m
         if part["consistent"] is not None and not part["consistent"].all():
             self.stopped = True  # nothing after this range is on a trusted chain
@@ -117,6 +137,7 @@ class Live:
                 self._drop_queues()
         ix = None
         if self.svc is not None:
+            self._drain()
             svc, self.svc = self.svc, None
             if self.puts == d_index.key_count:
                 ix = finish_index(svc, fsync)
@@ -131,5 +152,21 @@ class Live:
             w.close()
         self.writers = None
         if self.svc is not None:
+            self._drain(raising=False)
             self.svc.close()
             self.svc = None
+
+    def _drain(self, raising: bool = True) -> None:
+        """Wait for every index put handed to the thread (and stop it); with ``raising``,
+        the first put's error is raised here."""
+        first = None
+        while self._pending:
+            try:
+                self._pending.popleft().result()
+            except BaseException as e:  # noqa: BLE001 - kept, raised after the wait
+                first = first or e
+        if self._puts is not None:
+            self._puts.shutdown(wait=True)
+            self._puts = None
+        if first is not None and raising:
+            raise first
