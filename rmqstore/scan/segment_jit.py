@@ -101,12 +101,23 @@ def _crc32(b, a, n, T):
 @njit(cache=True, nogil=True, inline="always")
 def _java_hash(b, a, n):
     """(Java hash of the bytes as ASCII text, as uint32 in an int64; any byte >= 0x80)."""
-    h = np.int64(0)
+    # mod 2^64 arithmetic, cut to 32 bits once (2^32 divides 2^64); four bytes a step, so
+    # the multiplications do not wait on each other (31^2, 31^3, 31^4 below)
+    h = np.uint64(0)
     hi = np.uint8(0)
-    for i in range(a, a + n):
-        h = (h * 31 + np.int64(b[i])) & 0xFFFFFFFF
+    i = a
+    end = a + n
+    while i + 4 <= end:
+        b0, b1, b2, b3 = b[i], b[i + 1], b[i + 2], b[i + 3]
+        h = h * np.uint64(923521) + np.uint64(b0) * np.uint64(29791) \
+            + np.uint64(b1) * np.uint64(961) + np.uint64(b2) * np.uint64(31) + np.uint64(b3)
+        hi |= b0 | b1 | b2 | b3
+        i += 4
+    while i < end:
+        h = h * np.uint64(31) + np.uint64(b[i])
         hi |= b[i]
-    return h, hi >= 0x80
+        i += 1
+    return np.int64(h & np.uint64(0xFFFFFFFF)), hi >= 0x80
 
 
 @njit(cache=True, nogil=True, inline="always")
