@@ -43,6 +43,11 @@ MAX_QUEUES = 512
 MAX_PENDING_PUTS = 8
 
 
+def _own(a: np.ndarray) -> np.ndarray:
+    """``a`` as int64 in memory of its own: a view (of a part's arrays) is copied."""
+    return a.astype(np.int64) if a.base is not None or a.dtype != np.int64 else a
+
+
 def finish_index(svc: IndexService, fsync: bool) -> tuple[int, list[str]]:
     """Close ``svc`` (synced with ``fsync``): (entries, file names)."""
     with svc:
@@ -86,9 +91,8 @@ class Live:
                     self._drop_queues()
         m = len(part["key_hash"])
         if self.svc is not None and m:
-            h, phy, ts = keys(part, 0, m)
-            # copies (astype copies), made now: the part's arrays may be shared memory
-            args = (h.astype(np.int64), phy.astype(np.int64), ts.astype(np.int64))
+            # arrays of the thread's own, made now: the part's may be shared memory
+            args = tuple(_own(a) for a in keys(part, 0, m))
             while len(self._pending) >= MAX_PENDING_PUTS:
                 self._pending.popleft().result()  # re-raises the thread's error here
             self._pending.append(self._puts.submit(self.svc.put_hashes, *args))
