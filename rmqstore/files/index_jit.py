@@ -104,3 +104,141 @@ def put_entries(m32, g, slot_num, entries_at, count, cap, begin_ts, begin_phy, k
             begin_ts = t
         count += 1
     return n, count, new, begin_ts, begin_phy
+
+
+# --- verify's check of one file's entries ----------------------------------------------
+
+#: What :func:`check_entries` reports: indices into its output vector.
+(C_USED, C_BAD_HEADS, C_BAD_HEAD_SLOT, C_BAD_HEAD_VALUE, C_WRONG_SLOT, C_BAD, C_BAD_FIRST,
+ C_MERGED, C_ORPHANS, C_ORPHAN_FIRST, C_BEYOND, C_BEYOND_FIRST, C_NOWHERE,
+ C_NOWHERE_FIRST) = range(14)
+CHECKS = 14
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _get(m32, at, words):
+    """The signed big-endian value of ``words`` (1 or 2) words from word ``at``."""
+    v = np.int64(0)
+    for k in range(words):
+        v = (v << 32) | np.int64(_swap(m32[at + k]))
+    if words == 1 and v >= np.int64(1) << 31:
+        v -= np.int64(1) << 32
+    return v
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _seek(a, x, j):
+    """``searchsorted(a, x)`` (``a`` sorted), galloping forward from ``j`` when ``a[:j]``
+    lies below ``x`` (entries come in CommitLog order: the answer is usually at ``j``)."""
+    n = len(a)
+    if j > 0 and a[j - 1] >= x:
+        return np.searchsorted(a, x)
+    lo = j
+    hi = j
+    step = 1
+    while hi < n and a[hi] < x:
+        lo = hi + 1
+        hi = lo + step
+        step *= 2
+    hi = min(hi, n)
+    return lo + np.searchsorted(a[lo:hi], x)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mod(v, n, inv):
+    """``v % n`` as Python has it (the sign of ``n``), for |v|, n below 2**53, by a
+    multiplication with ``inv = 1 / n``: a division costs ten times more, and the
+    quotient it gives is off by at most one, which the two corrections put right."""
+    r = v - np.int64(v * inv) * n
+    if r < 0:
+        r += n
+    if r < 0:
+        r += n
+    if r >= n:
+        r -= n
+    if r >= n:
+        r -= n
+    return r
+
+
+@njit(cache=True, nogil=True)
+def check_entries(slots, ents, g, ic, slot_num, valid_off, odd, end, min_offset, out):
+    """The facts verify reports about one IndexFile (``slots``, ``ents``: the slot table
+    and the entries as stored words; ``ic``: indexCount, at most maxIndexNum) into
+    ``out`` (:data:`CHECKS` int64s, see the ``C_`` names). The numpy form in
+    rmqstore.recovery.verify_index (``file_facts``) is the definition.
+
+    Entries are read in order; what a check needs of another entry (its slot, whether a
+    slot or another entry points at it) is kept in small per-entry arrays, so the 20-byte
+    entries are never read at random."""
+    ew, sw = g[G_ENTRY_W], g[G_SLOT_W]
+    kh_at, kh_w = g[G_KH_AT], g[G_KH_W]
+    phy_at, phy_w = g[G_PHY_AT], g[G_PHY_W]
+    td_at, td_w = g[G_TD_AT], g[G_TD_W]
+    pv_at, pv_w = g[G_PREV_AT], g[G_PREV_W]
+    inv = 1.0 / slot_num
+    for k in range(CHECKS):
+        out[k] = 0
+    for k in (C_BAD_HEAD_SLOT, C_BAD_FIRST, C_ORPHAN_FIRST, C_BEYOND_FIRST, C_NOWHERE_FIRST):
+        out[k] = -1
+    m = max(ic, 1)
+    headed = np.zeros(m, np.int32)  # 1 + the slot whose head the entry is (0: none)
+    slot_of = np.empty(m, np.int32)  # each entry's slot, once read
+    pointed = np.zeros(m, np.uint8)  # 1: some entry's predecessor, 2: more than one's
+    for s in range(slot_num):
+        head = _get(slots, s * sw, sw)
+        if head > 0 and head < ic:
+            out[C_USED] += 1
+            if headed[head] == 0:
+                headed[head] = s + 1
+            elif _mod(_get(ents, head * ew + kh_at, kh_w), slot_num, inv) != s:
+                out[C_WRONG_SLOT] += 1  # the head of two slots (damage): judged here
+        elif head != 0:
+            if out[C_BAD_HEADS] == 0:
+                out[C_BAD_HEAD_SLOT] = s
+                out[C_BAD_HEAD_VALUE] = head
+            out[C_BAD_HEADS] += 1
+    jv = 0
+    jo = 0
+    for k in range(1, ic):
+        at = k * ew
+        kh = _get(ents, at + kh_at, kh_w)
+        prev = _get(ents, at + pv_at, pv_w)
+        sk = _mod(kh, slot_num, inv)
+        slot_of[k] = sk
+        if headed[k] != 0 and headed[k] - 1 != sk:
+            out[C_WRONG_SLOT] += 1
+        bad = prev < 0 or prev >= k
+        if not bad and prev > 0:  # linked: same slot, and no entry the predecessor of two
+            if slot_of[prev] != sk:
+                bad = True
+            p = pointed[prev]
+            if p == 1:
+                out[C_MERGED] += 1
+            if p < 2:
+                pointed[prev] = p + 1
+        if bad or kh < 0 or _get(ents, at + td_at, td_w) < 0:
+            if out[C_BAD] == 0:
+                out[C_BAD_FIRST] = k
+            out[C_BAD] += 1
+        phy = _get(ents, at + phy_at, phy_w)
+        if phy >= end:
+            far = True
+            if len(odd):
+                jo = _seek(odd, phy, jo)
+                far = not (jo < len(odd) and odd[jo] == phy)
+            if far:
+                if out[C_BEYOND] == 0:
+                    out[C_BEYOND_FIRST] = k
+                out[C_BEYOND] += 1
+        elif phy >= min_offset:
+            jv = _seek(valid_off, phy, jv)
+            if not (jv < len(valid_off) and valid_off[jv] == phy):
+                if out[C_NOWHERE] == 0:
+                    out[C_NOWHERE_FIRST] = k
+                out[C_NOWHERE] += 1
+    for k in range(1, ic):
+        if headed[k] == 0 and pointed[k] == 0:
+            if out[C_ORPHANS] == 0:
+                out[C_ORPHAN_FIRST] = k
+            out[C_ORPHANS] += 1

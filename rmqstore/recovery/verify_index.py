@@ -11,12 +11,15 @@ compares the multiset of (key hash, offset) pairs with what dispatch would put (
 from __future__ import annotations
 
 import os
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..format import layout as L
 from ..errors import RmqStoreError
+from ..files import jit
 from ..files.index import IndexFile, IndexGeometry
 from ..files.listing import entries, odd_entry, offset_name
 from ..scan.properties import sorted_isin
@@ -49,14 +52,39 @@ def _files(c, index_dir: Path, geometry: IndexGeometry) -> list[IndexFile]:
     return out
 
 
-def _check_file(c, f: IndexFile, valid_off, end: int, min_offset: int,
-                odd: np.ndarray | None = None) -> None:
+@dataclass
+class FileFacts:
+    """What verify reports about one IndexFile's entries (entry numbers, not positions;
+    -1: none). :func:`file_facts` (numpy) defines every field; the compiled form
+    (:mod:`rmqstore.files.index_jit`, ``check_entries``) must give the same."""
+
+    ic: int  # indexCount as checked (at most maxIndexNum)
+    phy_span: tuple[int, int] | None  # first and last entry's phyOffset
+    used: int  # slots whose head is a used entry
+    bad_heads: int  # slots pointing outside the used entries
+    bad_head_slot: int
+    bad_head_value: int
+    wrong_slot: int  # slot heads holding an entry of another slot
+    bad: int  # links forward, across slots, negative hash or timeDiff
+    bad_first: int
+    merged: int  # entries that are the predecessor of more than one
+    orphans: int  # entries no chain reaches
+    orphan_first: int
+    beyond: int  # pointing at or past the CommitLog end (not a stored PHYSICALOFFSET)
+    beyond_first: int
+    beyond_phy: int
+    nowhere: int  # pointing inside the log where no valid record starts
+    nowhere_first: int
+    nowhere_phy: int
+
+
+def file_facts(f: IndexFile, valid_off, end: int, min_offset: int,
+               odd: np.ndarray | None = None) -> FileFacts:
+    """:class:`FileFacts` of ``f`` against the sorted ``valid_off`` (record starts) and
+    ``odd`` (stored PHYSICALOFFSETs that differ from their record's position), with numpy:
+    the definition."""
     g, h = f.geometry, f.header
-    ic = h.index_count
-    entry_at = lambda e: g.entries_start + e * L.INDEX_ENTRY_SIZE  # noqa: E731
-    if ic > g.index_num:
-        c.add("index-header", f.path, 36, f"indexCount {ic} exceeds maxIndexNum {g.index_num}")
-        ic = g.index_num
+    ic = min(h.index_count, g.index_num)
     e = f.entries[1:ic]
     kh = e["key_hash"].astype(np.int64)
     phy = e["phy_offset"].astype(np.int64)
@@ -66,67 +94,127 @@ def _check_file(c, f: IndexFile, valid_off, end: int, min_offset: int,
     heads = f.slots.astype(np.int64)
     n = ic - 1
     live_heads = (heads > 0) & (heads < ic)
-    problems = []
-    if n:
-        if h.begin_phy_offset != phy[0] or h.end_phy_offset != phy[-1]:
-            problems.append(f"begin/endPhyOffset {h.begin_phy_offset}/{h.end_phy_offset} but the "
-                            f"entries run {int(phy[0])}..{int(phy[-1])}")
-        if h.end_timestamp < h.begin_timestamp:
-            problems.append(f"endTimestamp {h.end_timestamp} < beginTimestamp {h.begin_timestamp}")
-    used = int(live_heads.sum())
-    if h.hash_slot_count != used:
-        problems.append(f"hashSlotCount {h.hash_slot_count} but {used} slots are in use")
-    if problems:
-        c.add("index-header", f.path, 0, "; ".join(problems))
-    chain = []
     bad_heads = np.flatnonzero((heads != 0) & ~live_heads)
-    if len(bad_heads):
-        chain.append(f"{len(bad_heads)} slot(s) point outside the used entries (first slot "
-                     f"{int(bad_heads[0])} -> {int(heads[bad_heads[0]])})")
     hs = np.flatnonzero(live_heads)
     slot = kh % g.hash_slot_num  # each entry's slot, once (a modulo per entry is dear)
     wrong_slot = hs[slot[heads[hs] - 1] != hs]
-    if len(wrong_slot):
-        chain.append(f"{len(wrong_slot)} slot head(s) hold an entry of another slot")
+    bad = merged = orphan = np.zeros(0, np.int64)
+    beyond = nowhere = np.zeros(0, np.int64)
     if n:
         bad_link = (prev < 0) | (prev >= num)
         linked = ~bad_link & (prev > 0)
         cross = np.zeros(n, bool)
         cross[linked] = slot[prev[linked] - 1] != slot[linked]
-        bad = bad_link | cross | (kh < 0) | (td < 0)
-        if bad.any():
-            k = int(np.flatnonzero(bad)[0])
-            chain.append(f"{int(bad.sum())} entr(y/ies) with a link forward, across slots or a "
-                         f"negative hash/timeDiff; first: entry {k + 1}")
+        bad = np.flatnonzero(bad_link | cross | (kh < 0) | (td < 0))
         pointed = np.bincount(prev[linked], minlength=ic)
-        if (pointed > 1).any():
-            chain.append(f"{int((pointed > 1).sum())} entr(y/ies) are the predecessor of more "
-                         "than one entry (chains merge)")
+        merged = np.flatnonzero(pointed > 1)
         is_head = np.zeros(ic, bool)
         is_head[heads[live_heads]] = True
         orphan = np.flatnonzero(~is_head[1:] & (pointed[1:] == 0))
-        if len(orphan) and not chain:
-            c.add("index-orphan", f.path, entry_at(int(orphan[0]) + 1),
-                  f"{len(orphan)} entr(y/ies) no slot chain reaches; queries never find them; "
-                  f"first: entry {int(orphan[0]) + 1}", count=len(orphan))
-    if chain:
-        c.add("index-chain", f.path, 40, "; ".join(chain) +
-              " (repair rebuilds the file from the CommitLog)")
-    if n:
         far = phy >= end
         if odd is not None and len(odd):
             far &= ~sorted_isin(phy, odd)  # a record's stored PHYSICALOFFSET: see check_index
         beyond = np.flatnonzero(far)
-        if len(beyond):
-            c.add("index-beyond-end", f.path, entry_at(int(beyond[0]) + 1),
-                  f"{len(beyond)} entr(y/ies) point at or past the CommitLog end {end} (first "
-                  f"-> {int(phy[beyond[0]])}); repair rebuilds the file", count=len(beyond))
         inside = (phy < end) & (phy >= min_offset)
         nowhere = np.flatnonzero(inside & ~sorted_isin(phy, valid_off))
-        if len(nowhere):
-            c.add("index-bad-pointer", f.path, entry_at(int(nowhere[0]) + 1),
-                  f"{len(nowhere)} entr(y/ies) point where no valid record starts (first -> "
-                  f"{int(phy[nowhere[0]])})", count=len(nowhere))
+    first = lambda a: int(a[0]) + 1 if len(a) else -1  # noqa: E731 - as an entry number
+    return FileFacts(ic, (int(phy[0]), int(phy[-1])) if n else None, int(live_heads.sum()),
+                     len(bad_heads), int(bad_heads[0]) if len(bad_heads) else -1,
+                     int(heads[bad_heads[0]]) if len(bad_heads) else 0, len(wrong_slot),
+                     len(bad), first(bad), len(merged), len(orphan), first(orphan),
+                     len(beyond), first(beyond), int(phy[beyond[0]]) if len(beyond) else 0,
+                     len(nowhere), first(nowhere), int(phy[nowhere[0]]) if len(nowhere) else 0)
+
+
+def _kernel():
+    """(the compiled check, its geometry) or None: switched off (``RMQSTORE_NO_JIT=1``),
+    no numba, or a host the kernel cannot serve."""
+    if jit.switched_off():
+        return None
+    K = jit.load("rmqstore.files.index_jit")
+    geo = K.geometry() if K is not None else None
+    return (K, geo) if geo is not None else None
+
+
+#: How often each form of the file check ran in this process ("kernel", "numpy"); tests
+#: read it to prove the kernel is used.
+used: Counter = Counter()
+
+
+def compiled_facts(f: IndexFile, valid_off, end: int, min_offset: int,
+                   odd: np.ndarray | None = None) -> FileFacts | None:
+    """:func:`file_facts` by the compiled check, or None (take numpy)."""
+    loaded = _kernel()
+    if loaded is None:
+        return None
+    K, geo = loaded
+    g = f.geometry
+    ic = min(f.header.index_count, g.index_num)
+    slots, ents = f.slots, f.entries
+    out = np.zeros(K.CHECKS, np.int64)
+    K.check_entries(slots.view(np.uint32), ents.view(np.uint32), geo, ic, g.hash_slot_num,
+                    np.ascontiguousarray(valid_off, np.int64),
+                    np.ascontiguousarray(odd if odd is not None else (), np.int64),
+                    end, min_offset, out)
+    phy = lambda k: int(ents[k]["phy_offset"]) if k > 0 else 0  # noqa: E731
+    o = out.tolist()
+    return FileFacts(ic, (phy(1), phy(ic - 1)) if ic > 1 else None, o[K.C_USED],
+                     o[K.C_BAD_HEADS], o[K.C_BAD_HEAD_SLOT], o[K.C_BAD_HEAD_VALUE],
+                     o[K.C_WRONG_SLOT], o[K.C_BAD], o[K.C_BAD_FIRST], o[K.C_MERGED],
+                     o[K.C_ORPHANS], o[K.C_ORPHAN_FIRST], o[K.C_BEYOND], o[K.C_BEYOND_FIRST],
+                     phy(o[K.C_BEYOND_FIRST]), o[K.C_NOWHERE], o[K.C_NOWHERE_FIRST],
+                     phy(o[K.C_NOWHERE_FIRST]))
+
+
+def _check_file(c, f: IndexFile, valid_off, end: int, min_offset: int,
+                odd: np.ndarray | None = None) -> None:
+    g, h = f.geometry, f.header
+    entry_at = lambda e: g.entries_start + e * L.INDEX_ENTRY_SIZE  # noqa: E731
+    x = compiled_facts(f, valid_off, end, min_offset, odd)
+    used[x is None and "numpy" or "kernel"] += 1
+    if x is None:
+        x = file_facts(f, valid_off, end, min_offset, odd)
+    if h.index_count > g.index_num:
+        c.add("index-header", f.path, 36, f"indexCount {h.index_count} exceeds maxIndexNum "
+              f"{g.index_num}")
+    problems = []
+    if x.phy_span is not None:
+        if (h.begin_phy_offset, h.end_phy_offset) != x.phy_span:
+            problems.append(f"begin/endPhyOffset {h.begin_phy_offset}/{h.end_phy_offset} but the "
+                            f"entries run {x.phy_span[0]}..{x.phy_span[1]}")
+        if h.end_timestamp < h.begin_timestamp:
+            problems.append(f"endTimestamp {h.end_timestamp} < beginTimestamp {h.begin_timestamp}")
+    if h.hash_slot_count != x.used:
+        problems.append(f"hashSlotCount {h.hash_slot_count} but {x.used} slots are in use")
+    if problems:
+        c.add("index-header", f.path, 0, "; ".join(problems))
+    chain = []
+    if x.bad_heads:
+        chain.append(f"{x.bad_heads} slot(s) point outside the used entries (first slot "
+                     f"{x.bad_head_slot} -> {x.bad_head_value})")
+    if x.wrong_slot:
+        chain.append(f"{x.wrong_slot} slot head(s) hold an entry of another slot")
+    if x.bad:
+        chain.append(f"{x.bad} entr(y/ies) with a link forward, across slots or a "
+                     f"negative hash/timeDiff; first: entry {x.bad_first}")
+    if x.merged:
+        chain.append(f"{x.merged} entr(y/ies) are the predecessor of more "
+                     "than one entry (chains merge)")
+    if x.orphans and not chain:
+        c.add("index-orphan", f.path, entry_at(x.orphan_first),
+              f"{x.orphans} entr(y/ies) no slot chain reaches; queries never find them; "
+              f"first: entry {x.orphan_first}", count=x.orphans)
+    if chain:
+        c.add("index-chain", f.path, 40, "; ".join(chain) +
+              " (repair rebuilds the file from the CommitLog)")
+    if x.beyond:
+        c.add("index-beyond-end", f.path, entry_at(x.beyond_first),
+              f"{x.beyond} entr(y/ies) point at or past the CommitLog end {end} (first "
+              f"-> {x.beyond_phy}); repair rebuilds the file", count=x.beyond)
+    if x.nowhere:
+        c.add("index-bad-pointer", f.path, entry_at(x.nowhere_first),
+              f"{x.nowhere} entr(y/ies) point where no valid record starts (first -> "
+              f"{x.nowhere_phy})", count=x.nowhere)
 
 
 def _coverage(c, files: list[IndexFile], keyed: np.ndarray, min_offset: int, index_dir: Path) -> None:
