@@ -24,7 +24,7 @@ from conftest import MESSAGE_SCENARIOS, ROCKETMQ_498, manifest, scenario_params,
 from rmqstore.files.config import load_config
 from rmqstore.format import layout as L
 from rmqstore.scan.per_queue import dispatched, grouped_dispatch, grouped_split
-from rmqstore.scan.runner import scan_chains, scan_commitlog, store_timestamp_at
+from rmqstore.scan.runner import scan_chains, scan_commitlog, scan_dispatched, store_timestamp_at
 
 # Stores where RocketMQ dispatched each record exactly once (the recovered ones index the
 # last record twice, spec §14.7, so their IndexFiles are not one put per key).
@@ -125,6 +125,10 @@ def test_verifys_scan_gives_what_rocketmq_wrote(scenario):
         d = dispatched(full, from_offset)
         _held_to_rocketmq(scenario, d, d, from_offset, from_offset)
         assert all(a.dtype == np.int64 for u in d.units.values() for a in u)
+    scan, d = scan_dispatched(cfg, processes=1, split_size=4096)  # what verify runs
+    assert scan.valid_end == full.valid_end
+    _held_to_rocketmq(scenario, d, d, 0, 0)
+    assert all(a.dtype == np.int64 for u in d.units.values() for a in u)
 
 
 # --- damaged stores: the range cut does not change the answer ------------------------------
@@ -146,6 +150,20 @@ def _same(cfg, from_offset=0, index_from=None, split_size=4096):
     for name in ("key_hash", "key_offset", "key_timestamp"):
         assert np.array_equal(getattr(ix, name), getattr(want_ix, name)), name
     assert (cq.unit_count, ix.key_count) == (want_cq.unit_count, want_ix.key_count)
+    if from_offset == index_from == 0:  # verify's way: its workers group their ranges too
+        vscan, vd = scan_dispatched(cfg, processes=1, split_size=split_size)
+        assert (vscan.valid_end, vscan.kept, vscan.damaged) == \
+            (full.valid_end, full.kept, full.damaged)
+        assert (vd.messages, vd.bytes, vd.last_cq_timestamp, vd.unit_count, vd.key_count) == \
+            (want_cq.messages, want_cq.bytes, want_cq.last_cq_timestamp, want_cq.unit_count,
+             want_ix.key_count)
+        assert sorted(vd.units) == sorted(want_cq.units)
+        for key, arrays in want_cq.units.items():
+            for a, b in zip(vd.units[key], arrays):
+                assert a.dtype == b.dtype and np.array_equal(a, b), key
+        for name in ("key_hash", "key_offset", "key_timestamp"):
+            a, b = getattr(vd, name), getattr(want_ix, name)
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
     return scan
 
 
@@ -202,3 +220,31 @@ def test_damaged_stores(fault, base_store, tmp_path):
         scan = _same(cfg, split_size=split_size)
     if scan.end:
         _same(cfg, from_offset=scan.end // 3)
+
+
+@pytest.mark.parametrize("fault", [crc_torn_tail, stored_fields_off], ids=lambda f: f.__name__)
+def test_verify_workers_through_shared_memory(fault, base_store, tmp_path, monkeypatch):
+    """verify's scan in forked workers, parts back through the arena (small slots: some
+    arrays travel pickled), gives what one process gives: report, units and puts."""
+    from dataclasses import asdict
+
+    from rmqstore.recovery.verify import verify
+    from rmqstore.scan import runner
+
+    store = tmp_path / "s"
+    shutil.copytree(base_store, store)
+    fault(store, faults.records(store), random.Random(5))
+    cfg = load_config(store)
+    one, d1 = scan_dispatched(cfg, processes=1, split_size=1 << 15)
+    monkeypatch.setattr(runner, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(runner, "VERIFY_SHARE", 0.05)
+    many, d2 = scan_dispatched(cfg, processes=2, split_size=1 << 15)
+    assert len(many.parts[0].offset) and (many.valid_end, many.kept) == (one.valid_end, one.kept)
+    for name in ("key_hash", "key_offset", "key_timestamp"):
+        assert np.array_equal(getattr(d1, name), getattr(d2, name)), name
+    assert sorted(d1.units) == sorted(d2.units)
+    for key, arrays in d1.units.items():
+        for a, b in zip(d2.units[key], arrays):
+            assert np.array_equal(a, b), key
+    assert [asdict(f) for f in verify(store, processes=2).findings] == \
+        [asdict(f) for f in verify(store, processes=1).findings]

@@ -293,8 +293,7 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
     """Check the store at ``root`` and return every finding. Read-only."""
     from ..files.dledger import ledger_for
     from ..files.storekind import refuse_operation
-    from ..scan.per_queue import dispatched
-    from ..scan.runner import scan_commitlog
+    from ..scan.runner import scan_dispatched
     from .verify_bcq import check_5x_queues
     from .verify_cq import check_consume_queues
     from .verify_dledger import verify_dledger
@@ -334,13 +333,12 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
                                 d.messages, d.bytes, forecast, time.perf_counter() - t0, scan,
                                 d, v)
     with SegmentQueue(cfg.commit_log_dirs, cfg.mapped_file_size_commit_log, kind="commitlog") as q:
-        scan = scan_commitlog(cfg, check_crc=check_crc, processes=processes,
-                              progress=progress, queue=q)
+        scan, d = scan_dispatched(cfg, check_crc=check_crc, processes=processes,
+                                  progress=progress, queue=q)
         facts = check_commitlog(c, q, scan, cp, abort)
         if uses_prop_crc(cfg):
             check_prop_crc(c, q, scan, forced=cfg.force_verify_prop_crc and cfg.check_crc_on_recover)
         check_topics(c, q, scan)
-        d = dispatched(scan)
         v = check_5x_queues(c, root, cfg, scan, d, q)  # BCQ and LMQ (design-14 D2)
         check_consume_queues(c, root, cfg, scan, d, q.min_offset, facts)
         check_index(c, root, cfg, scan, d, deep=deep)

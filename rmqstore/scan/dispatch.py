@@ -244,7 +244,7 @@ def dispatch_split(split, check_crc: bool = True, delay_millis=None, keys: bool 
     """(boundary, dispatch data) of the records starting in one byte range of a segment
     (:mod:`rmqstore.scan.splits`): a worker's task. The chain walk stops at the range end;
     :func:`merge_splits` checks that consecutive ranges continue each other's chain."""
-    return split_dispatch(split, check_crc, delay_millis, keys, _pack)
+    return split_dispatch(split, check_crc, delay_millis, keys, pack_columns)
 
 
 def split_dispatch(split, check_crc: bool, delay_millis, keys: bool, pack):
@@ -280,7 +280,8 @@ _NARROW = {"queue_id": np.int32, "sys_flag": np.int32, "topic_id": np.int32,
 _WIDE = ("queue_offset", "store_timestamp", "tags_code")
 
 
-def _pack(p: SegmentDispatch) -> dict:
+def pack_columns(p: SegmentDispatch) -> dict:
+    """A range's part with the COLUMNS payload (:func:`merge_splits` takes it back)."""
     d = handover.head(p)
     d["topics"] = p.topics
     for name, dt in _NARROW.items():

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..format.rules import gets_cq_unit
 from .parallel import arena
-from .dispatch import SegmentDispatch, StoreScan, split_dispatch, store_scan
+from .dispatch import SegmentDispatch, StoreScan, pack_columns, split_dispatch, store_scan
 from .handover import flags, head, record_offsets
 
 
@@ -54,6 +54,19 @@ def grouped_split(split, check_crc: bool = True, delay_millis=None, keys: bool =
     """A worker's task: (boundary, grouped part) of one byte range; with ``arena_key``,
     the part's arrays are left in that shared :class:`~rmqstore.scan.parallel.Arena`."""
     b, d = split_dispatch(split, check_crc, delay_millis, keys, pack_grouped)
+    shared = arena(arena_key)
+    return b, (shared.put(split.split_id, d) if shared is not None else d)
+
+
+def verify_split(split, check_crc: bool = True, delay_millis=None, keys: bool = True,
+                 arena_key: int | None = None) -> tuple:
+    """A verify worker's task: (boundary, part) of one byte range with both payloads,
+    every column (:func:`~rmqstore.scan.dispatch.merge_splits` takes them) and the range
+    grouped per queue (:func:`join_groups` takes those; their ``key_hash`` is the same
+    array), so the parent never groups whole segments; with ``arena_key``, left in that
+    shared :class:`~rmqstore.scan.parallel.Arena`."""
+    b, d = split_dispatch(split, check_crc, delay_millis, keys,
+                          lambda p: {**pack_columns(p), **pack_grouped(p)})
     shared = arena(arena_key)
     return b, (shared.put(split.split_id, d) if shared is not None else d)
 
@@ -166,11 +179,13 @@ def grouped_dispatch(chains: list[list[dict]], segment_size: int, from_offset: i
     return scan, cq, ix
 
 
-def dispatched(scan: StoreScan, from_offset: int = 0) -> Dispatched:
+def dispatched(scan: StoreScan, from_offset: int = 0, chains: list[list[dict]] | None = None) -> Dispatched:
     """The units per queue and the index puts of ``scan``'s valid records at or after
-    ``from_offset`` (spec §6.1, §7.3), each segment grouped by :func:`pack_grouped`."""
-    chains = [[pack_grouped(p)] if k and int(p.offset[k - 1]) >= from_offset else []
-              for p, k in zip(scan.parts, scan.kept)]
+    ``from_offset`` (spec §6.1, §7.3), each segment grouped by :func:`pack_grouped`, or
+    from ``chains``: per segment, its ranges' grouped parts (:func:`verify_split`)."""
+    if chains is None:
+        chains = [[pack_grouped(p)] if k and int(p.offset[k - 1]) >= from_offset else []
+                  for p, k in zip(scan.parts, scan.kept)]
 
     def store_timestamp_at(offset: int) -> int:
         for p, k in zip(scan.parts, scan.kept):
@@ -178,20 +193,20 @@ def dispatched(scan: StoreScan, from_offset: int = 0) -> Dispatched:
                 return int(p.store_timestamp[int(np.searchsorted(p.offset[:k], offset))])
         raise ValueError(offset)
 
-    out, ix = join_groups(scan, chains, from_offset, from_offset, store_timestamp_at, True)
     # verify and repair read whole-log columns as int64, as the records' fields are
-    out.units = {key: tuple(a.astype(np.int64, copy=False) for a in u)
-                 for key, u in out.units.items()}
+    out, ix = join_groups(scan, chains, from_offset, from_offset, store_timestamp_at, True,
+                          wide=True)
     out.key_hash, out.key_offset, out.key_timestamp = ix.key_hash, ix.key_offset, ix.key_timestamp
     out.key_count = ix.key_count
     return out
 
 
 def join_groups(scan: StoreScan, chains: list[list[dict]], from_offset: int, index_from: int,
-          store_timestamp_at, join: bool) -> tuple[Dispatched, Dispatched]:
+          store_timestamp_at, join: bool, *, wide: bool = False) -> tuple[Dispatched, Dispatched]:
     """(units, index puts) of the kept records of ``scan`` (whose ``parts`` are the
     segments the ``chains`` of grouped parts cover), from ``from_offset`` and
-    ``index_from``: each queue's groups joined range by range."""
+    ``index_from``: each queue's groups joined range by range (every column int64 with
+    ``wide``)."""
     cq, ix = Dispatched(), Dispatched()
     per_queue: dict[tuple[str, int], list] = {}
     puts = []
@@ -225,14 +240,29 @@ def join_groups(scan: StoreScan, chains: list[list[dict]], from_offset: int, ind
             base += n
             if base >= k:
                 break
-    cq.units = {key: tuple(np.concatenate(c) if len(c) > 1 else c[0] for c in zip(*parts))
-                for key, parts in per_queue.items()}
+    cq.units = {key: _joined(parts, wide) for key, parts in per_queue.items()}
     if last_cq >= 0 and store_timestamp_at is not None:
         cq.last_cq_timestamp = store_timestamp_at(last_cq)
     if puts:
-        h, phy, ts = (np.concatenate(c) for c in zip(*puts))
-        ix.key_hash, ix.key_offset, ix.key_timestamp = h.astype(np.int64), phy, ts
+        ix.key_hash, ix.key_offset, ix.key_timestamp = _joined(puts, True)
     return cq, ix
+
+
+def _joined(parts: list[tuple], wide: bool) -> tuple:
+    """The columns of ``parts`` (tuples of arrays) each joined as ``np.concatenate`` joins
+    them, or as int64 with ``wide``, copied once into arrays made once."""
+    if len(parts) == 1 and not wide:
+        return parts[0]
+    m = sum(len(p[0]) for p in parts)
+    out = []
+    for c in range(len(parts[0])):
+        col = np.empty(m, np.int64 if wide else np.result_type(*(p[c] for p in parts)))
+        at = 0
+        for p in parts:
+            col[at:at + len(p[c])] = p[c]
+            at += len(p[c])
+        out.append(col)
+    return tuple(out)
 
 
 def _join_units(d: dict, lo: int, hi: int, n: int, per_queue: dict | None, base: int,

@@ -23,6 +23,10 @@ PARALLEL_MIN_BYTES = 32 * 1024 * 1024
 ARENA_MAX = 4 << 30
 #: Byte ranges a segment is cut into, so one big segment is scanned on every core.
 SPLIT_SIZE = 32 * 1024 * 1024
+#: Shared memory reserved per byte of CommitLog for a verify part (every column and the
+#: grouped units: ~90 bytes a record of at least 91 bytes with two keys; what does not fit
+#: its slot is pickled).
+VERIFY_SHARE = 1.0
 
 Progress = Callable[[int, int], None]
 
@@ -55,6 +59,24 @@ def scan_commitlog(config: StoreConfig, *, check_crc: bool = True, keys: bool = 
     chains = scan_chains(config, task, processes=processes, progress=progress, queue=queue,
                          split_size=split_size)
     return store_scan([merge_splits(c) for c in chains], config.mapped_file_size_commit_log)
+
+
+def scan_dispatched(config: StoreConfig, *, check_crc: bool = True,
+                    processes: int | None = None, progress: Progress | None = None,
+                    queue: SegmentQueue | None = None, split_size: int | None = None):
+    """(:func:`scan_commitlog`, :func:`~rmqstore.scan.per_queue.dispatched` of it) in one
+    scan: each worker also groups its own range per queue (the rule's other way in,
+    :func:`~rmqstore.scan.per_queue.verify_split`), and the parts come back through
+    shared memory; what verify reads."""
+    from .dispatch import merge_splits
+    from .per_queue import dispatched, verify_split
+
+    task = functools.partial(verify_split, check_crc=check_crc,
+                             delay_millis=config.delay_millis)
+    chains = scan_chains(config, task, processes=processes, progress=progress, queue=queue,
+                         split_size=split_size, shared=VERIFY_SHARE)
+    scan = store_scan([merge_splits(c) for c in chains], config.mapped_file_size_commit_log)
+    return scan, dispatched(scan, chains=chains)
 
 
 def scan_chains(config: StoreConfig, task, *, processes: int | None = None,
