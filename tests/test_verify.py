@@ -7,7 +7,9 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from conftest import ROCKETMQ_498, SCENARIOS, scenario_params, store_expectations, tree_hashes
 from rmqstore.recovery.verify import CODES, ERROR, INFO, verify
@@ -152,3 +154,16 @@ def test_garbage_after_a_hole_is_found_as_in_a_dense_file(fixtures_root, tmp_pat
     tails = [f for f in verify(store).findings if f.code == "commitlog-tail"]
     assert len(tails) == 1
     assert f"5 non-zero bytes of garbage within the next {garbage_at + 5 - end} bytes" in tails[0].explanation
+
+
+@settings(max_examples=300, deadline=None)
+@given(ephy=st.lists(st.integers(0, 20), max_size=12), sort=st.booleans(), cut=st.integers(0, 12),
+       m=st.integers(0, 8), other=st.lists(st.integers(0, 21), max_size=8))
+def test_cq_unit_positions_are_searchsorted(ephy, sort, cut, m, other):
+    """verify_cq's one-search form of the units' positions is ``np.searchsorted``, also
+    where expected offsets repeat or are out of order (stored PHYSICALOFFSETs)."""
+    from rmqstore.recovery.verify_cq import _positions
+
+    e = np.array(sorted(ephy) if sort else ephy, np.int64)
+    for off in (e[cut:cut + m], np.array(sorted(other), np.int64)):
+        assert np.array_equal(_positions(e, off), np.searchsorted(e, off))

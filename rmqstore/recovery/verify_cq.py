@@ -131,7 +131,7 @@ def _check_queue(c, fs, key, st, exp, valid_off, end, min_offset, debris, reput_
                       f"{first} point at or past the CommitLog end {end}: {why}",
                       queueOffset=first, count=int(mask.sum()))
     inside = np.flatnonzero(real & ~beyond)
-    idx = np.searchsorted(ephy, off[inside])
+    idx = _positions(ephy, off[inside])
     hit = idx < len(ephy)
     hit[hit] = ephy[idx[hit]] == off[inside][hit]
     miss = inside[~hit]
@@ -186,6 +186,21 @@ def _check_queue(c, fs, key, st, exp, valid_off, end, min_offset, debris, reput_
     tail = lost & (eqo >= max_offset)
     if tail.any():
         _missing_tail(c, ref.path, fs, key, eqo[tail], ephy[tail], reput_from)
+
+
+def _positions(ephy: np.ndarray, off: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(ephy, off)``: where each unit's offset is (or would be) among the
+    expected units' offsets. In a sound queue the units are the expected ones from some
+    point, in order: where the expected offsets strictly increase (not so when stored
+    PHYSICALOFFSETs repeat), that is a run of positions, found by one search and two
+    comparisons."""
+    m = len(off)
+    if m:
+        a = int(np.searchsorted(ephy, off[0]))
+        if a + m <= len(ephy) and np.array_equal(ephy[a:a + m], off) \
+                and bool((ephy[1:] > ephy[:-1]).all()):
+            return np.arange(a, a + m, dtype=np.intp)
+    return np.searchsorted(ephy, off)
 
 
 def _missing_tail(c, qdir: Path, fs: int, key, eqo, ephy, reput_from: int) -> None:
