@@ -1,5 +1,5 @@
-"""verify's IndexFile check compiled (files/index_jit.check_entries) reports what its numpy
-definition (recovery/verify_index.file_facts) reports: the same facts for every file and
+"""verify's IndexFile check compiled (files/index_jit.check_chains, check_pointers) reports
+what its numpy definition (recovery/verify_index.file_facts) reports: the same facts for every file and
 the same findings (codes, files, offsets, wording), on the RocketMQ fixture stores and on
 seeded damage to their IndexFiles (a wrong slot, a broken chain, a key no chain reaches, a
 wrong offset, a wrong indexCount, a truncated file, random words); and a kernel that gets
@@ -27,8 +27,8 @@ from rmqstore.recovery import verify_index as VI
 from rmqstore.recovery.verify import verify
 
 BASES = ["basic", "crash-torn", "special"]
-DAMAGES = ["wrong-slot", "broken-chain", "missing-key", "wrong-offset", "index-count",
-           "truncated", "noise"]
+DAMAGES = ["wrong-slot", "broken-chain", "self-link", "missing-key", "wrong-offset",
+           "index-count", "truncated", "noise"]
 _FIELDS = L.INDEX_ENTRY_DTYPE.fields
 
 
@@ -64,6 +64,10 @@ def _damage(root: Path, kind: str, rng: random.Random, geometry=None) -> str:
         if rng.random() < 0.5:
             _words(p, slot_at(s), ">i", 0)
         return f"{p.name}: slot {s} head put in slot {to}"
+    if kind == "self-link" and ic > 1:  # an entry its own predecessor
+        e = rng.randrange(1, ic)
+        _words(p, entry_at(e, "prev_index"), ">i", e)
+        return f"{p.name}: entry {e} prev -> itself"
     if kind == "broken-chain" and len(linked) > 1 and rng.random() < 0.4:  # chains merge
         a, b = sorted(rng.sample(linked, 2))
         _words(p, entry_at(b, "prev_index"), ">i", _read(p, entry_at(a, "prev_index"), ">i"))
@@ -220,24 +224,28 @@ def test_combined_damage_same_facts(seed, kinds):
 
 def test_python_modulo_on_negative_hashes():
     """The kernel's multiply-and-correct modulo is Python's %, signs and all."""
-    vals = np.array([-(2**31), -(2**31) + 1, -7, -1, 0, 1, 6, 7, 2**31 - 1], np.int64)
-    for n in (1, 2, 7, 64, 5_000_000, 2**31 - 1):
-        got = [index_jit._mod(int(v), n, 1.0 / n) for v in vals]  # noqa: SLF001
-        assert got == [int(v) % n for v in vals], n
+    ends = [-(2**31), -(2**31) + 1, -7, -1, 0, 1, 6, 7, 2**31 - 1]
+    for n in (1, 2, 7, 49, 64, 5_000_000, 4_999_999, 2**31 - 1):
+        # multiples (49 / 49.0 * ... rounds below 1: the quotient comes out one short)
+        near = [k * n + d for k in range(-60, 60) for d in (-1, 0, 1)]
+        vals = [v for v in ends + near if -(2**31) <= v < 2**31]
+        got = [index_jit._mod(v, n, 1.0 / n) for v in vals]  # noqa: SLF001
+        assert got == [v % n for v in vals], n
 
 
 @pytest.mark.parametrize("count", [index_jit.C_WRONG_SLOT, index_jit.C_BAD, index_jit.C_ORPHANS,
                                    index_jit.C_NOWHERE_FIRST])
 def test_a_wrong_kernel_is_caught(count, store, monkeypatch):
     """A kernel that gets one number wrong makes the comparisons above fail."""
-    real = index_jit.check_entries
+    name = "check_chains" if count <= index_jit.C_ORPHAN_FIRST else "check_pointers"
+    real = getattr(index_jit, name)
 
     def wrong(*args):
         real(*args)
         out = args[-1]
         out[count] = out[count] + 1
 
-    monkeypatch.setattr(index_jit, "check_entries", wrong)
+    monkeypatch.setattr(index_jit, name, wrong)
     caught = 0
     for kind in ("wrong-slot", "broken-chain", "missing-key", "wrong-offset"):
         rng = random.Random(f"{kind}/0")
@@ -248,3 +256,18 @@ def test_a_wrong_kernel_is_caught(count, store, monkeypatch):
         caught += ref != got
         shutil.rmtree(root)
     assert caught
+
+
+@pytest.mark.parametrize("kind", ["wrong-slot", "broken-chain", "missing-key", "noise"])
+def test_chains_checked_beside_the_scan(kind, store, monkeypatch):
+    """The slot and chain part run in a child beside the CommitLog scan gives the same
+    findings, and is used for every file whose indexCount it saw."""
+    rng = random.Random(f"{kind}/1")
+    root = store(rng.choice(BASES))
+    what = _damage(root, kind, rng)
+    ref = _findings(root, monkeypatch, jit=False)
+    monkeypatch.setattr(VI, "CHAINS_BESIDE_MIN", 0)
+    before = VI.used["beside"]
+    got = _findings(root, monkeypatch, jit=True)
+    assert got == ref, what
+    assert VI.used["beside"] - before == len(list((root / "index").iterdir()))

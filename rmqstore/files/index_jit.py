@@ -162,24 +162,24 @@ def _mod(v, n, inv):
 
 
 @njit(cache=True, nogil=True)
-def check_entries(slots, ents, g, ic, slot_num, valid_off, odd, end, min_offset, out):
-    """The facts verify reports about one IndexFile (``slots``, ``ents``: the slot table
-    and the entries as stored words; ``ic``: indexCount, at most maxIndexNum) into
-    ``out`` (:data:`CHECKS` int64s, see the ``C_`` names). The numpy form in
-    rmqstore.recovery.verify_index (``file_facts``) is the definition.
+def check_chains(slots, ents, g, ic, slot_num, out):
+    """The slot and chain facts verify reports about one IndexFile (``slots``, ``ents``:
+    the slot table and the entries as stored words; ``ic``: indexCount, at most
+    maxIndexNum) into ``out`` (:data:`CHECKS` int64s: the ``C_`` names up to
+    ``C_ORPHAN_FIRST``). The numpy form in rmqstore.recovery.verify_index (``file_facts``)
+    is the definition.
 
     Entries are read in order; what a check needs of another entry (its slot, whether a
     slot or another entry points at it) is kept in small per-entry arrays, so the 20-byte
     entries are never read at random."""
     ew, sw = g[G_ENTRY_W], g[G_SLOT_W]
     kh_at, kh_w = g[G_KH_AT], g[G_KH_W]
-    phy_at, phy_w = g[G_PHY_AT], g[G_PHY_W]
     td_at, td_w = g[G_TD_AT], g[G_TD_W]
     pv_at, pv_w = g[G_PREV_AT], g[G_PREV_W]
     inv = 1.0 / slot_num
-    for k in range(CHECKS):
+    for k in range(C_ORPHAN_FIRST + 1):
         out[k] = 0
-    for k in (C_BAD_HEAD_SLOT, C_BAD_FIRST, C_ORPHAN_FIRST, C_BEYOND_FIRST, C_NOWHERE_FIRST):
+    for k in (C_BAD_HEAD_SLOT, C_BAD_FIRST, C_ORPHAN_FIRST):
         out[k] = -1
     m = max(ic, 1)
     headed = np.zeros(m, np.int32)  # 1 + the slot whose head the entry is (0: none)
@@ -198,8 +198,6 @@ def check_entries(slots, ents, g, ic, slot_num, valid_off, odd, end, min_offset,
                 out[C_BAD_HEAD_SLOT] = s
                 out[C_BAD_HEAD_VALUE] = head
             out[C_BAD_HEADS] += 1
-    jv = 0
-    jo = 0
     for k in range(1, ic):
         at = k * ew
         kh = _get(ents, at + kh_at, kh_w)
@@ -221,7 +219,27 @@ def check_entries(slots, ents, g, ic, slot_num, valid_off, odd, end, min_offset,
             if out[C_BAD] == 0:
                 out[C_BAD_FIRST] = k
             out[C_BAD] += 1
-        phy = _get(ents, at + phy_at, phy_w)
+    for k in range(1, ic):
+        if headed[k] == 0 and pointed[k] == 0:
+            if out[C_ORPHANS] == 0:
+                out[C_ORPHAN_FIRST] = k
+            out[C_ORPHANS] += 1
+
+
+@njit(cache=True, nogil=True)
+def check_pointers(ents, g, ic, valid_off, odd, end, min_offset, out):
+    """The pointer facts verify reports about one IndexFile's entries (``C_BEYOND`` on)
+    into ``out``: entries at or past ``end`` that are no stored PHYSICALOFFSET (``odd``,
+    sorted), entries from ``min_offset`` below ``end`` where no record starts
+    (``valid_off``, sorted). ``file_facts`` in rmqstore.recovery.verify_index defines them."""
+    ew = g[G_ENTRY_W]
+    phy_at, phy_w = g[G_PHY_AT], g[G_PHY_W]
+    out[C_BEYOND] = out[C_NOWHERE] = 0
+    out[C_BEYOND_FIRST] = out[C_NOWHERE_FIRST] = -1
+    jv = 0
+    jo = 0
+    for k in range(1, ic):
+        phy = _get(ents, k * ew + phy_at, phy_w)
         if phy >= end:
             far = True
             if len(odd):
@@ -237,8 +255,3 @@ def check_entries(slots, ents, g, ic, slot_num, valid_off, odd, end, min_offset,
                 if out[C_NOWHERE] == 0:
                     out[C_NOWHERE_FIRST] = k
                 out[C_NOWHERE] += 1
-    for k in range(1, ic):
-        if headed[k] == 0 and pointed[k] == 0:
-            if out[C_ORPHANS] == 0:
-                out[C_ORPHAN_FIRST] = k
-            out[C_ORPHANS] += 1

@@ -297,7 +297,7 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
     from .verify_bcq import check_5x_queues
     from .verify_cq import check_consume_queues
     from .verify_dledger import verify_dledger
-    from .verify_index import check_index
+    from .verify_index import ChainCheck, check_index
     from .verify_state import check_state
 
     t0 = time.perf_counter()
@@ -332,7 +332,8 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
             return VerifyReport(str(root), c.findings, log.min_offset, scan.end, scan.reason,
                                 d.messages, d.bytes, forecast, time.perf_counter() - t0, scan,
                                 d, v)
-    with SegmentQueue(cfg.commit_log_dirs, cfg.mapped_file_size_commit_log, kind="commitlog") as q:
+    with ChainCheck(root, cfg, processes) as chains, \
+            SegmentQueue(cfg.commit_log_dirs, cfg.mapped_file_size_commit_log, kind="commitlog") as q:
         scan, d = scan_dispatched(cfg, check_crc=check_crc, processes=processes,
                                   progress=progress, queue=q)
         facts = check_commitlog(c, q, scan, cp, abort)
@@ -341,7 +342,7 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
         check_topics(c, q, scan)
         v = check_5x_queues(c, root, cfg, scan, d, q)  # BCQ and LMQ (design-14 D2)
         check_consume_queues(c, root, cfg, scan, d, q.min_offset, facts)
-        check_index(c, root, cfg, scan, d, deep=deep)
+        check_index(c, root, cfg, scan, d, deep=deep, chains=chains)
         forecast = check_state(c, root, cfg, q, scan, d, cp, abort)
         stray_dirs(c, root)
         interrupted_repair(c, root)

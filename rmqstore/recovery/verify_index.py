@@ -136,26 +136,31 @@ def _kernel():
     return (K, geo) if geo is not None else None
 
 
-#: How often each form of the file check ran in this process ("kernel", "numpy"); tests
-#: read it to prove the kernel is used.
+#: How often each form of the file check ran in this process ("kernel", "numpy"; "beside":
+#: with the chain part from :class:`ChainCheck`); tests read it to prove the kernel is used.
 used: Counter = Counter()
 
 
 def compiled_facts(f: IndexFile, valid_off, end: int, min_offset: int,
-                   odd: np.ndarray | None = None) -> FileFacts | None:
-    """:func:`file_facts` by the compiled check, or None (take numpy)."""
+                   odd: np.ndarray | None = None, chains: list[int] | None = None) -> FileFacts | None:
+    """:func:`file_facts` by the compiled check, or None (take numpy); ``chains``: the
+    slot and chain part, when :class:`ChainCheck` made it for this file as it is."""
     loaded = _kernel()
     if loaded is None:
         return None
     K, geo = loaded
     g = f.geometry
     ic = min(f.header.index_count, g.index_num)
-    slots, ents = f.slots, f.entries
-    out = np.zeros(K.CHECKS, np.int64)
-    K.check_entries(slots.view(np.uint32), ents.view(np.uint32), geo, ic, g.hash_slot_num,
-                    np.ascontiguousarray(valid_off, np.int64),
-                    np.ascontiguousarray(odd if odd is not None else (), np.int64),
-                    end, min_offset, out)
+    ents = f.entries
+    if chains is not None:
+        out = np.array(chains, np.int64)
+    else:
+        out = np.zeros(K.CHECKS, np.int64)
+        K.check_chains(f.slots.view(np.uint32), ents.view(np.uint32), geo, ic, g.hash_slot_num,
+                       out)
+    K.check_pointers(ents.view(np.uint32), geo, ic, np.ascontiguousarray(valid_off, np.int64),
+                     np.ascontiguousarray(odd if odd is not None else (), np.int64), end,
+                     min_offset, out)
     phy = lambda k: int(ents[k]["phy_offset"]) if k > 0 else 0  # noqa: E731
     o = out.tolist()
     return FileFacts(ic, (phy(1), phy(ic - 1)) if ic > 1 else None, o[K.C_USED],
@@ -166,11 +171,80 @@ def compiled_facts(f: IndexFile, valid_off, end: int, min_offset: int,
                      phy(o[K.C_NOWHERE_FIRST]))
 
 
+#: From this many bytes of IndexFiles on, their slots and chains are checked in a child
+#: process while the CommitLog is scanned (:class:`ChainCheck`); below it, after the scan.
+CHAINS_BESIDE_MIN = 64 << 20
+
+
+def _geometry(cfg) -> IndexGeometry | None:
+    if not cfg.message_index_enable or "max_hash_slot_num" in cfg.undetermined:
+        return None  # an unknown geometry is the "geometry-unknown" finding, not a file error
+    return IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
+
+
+def _chain_outputs(root: Path, geometry: IndexGeometry) -> dict[str, tuple[int, list[int]]]:
+    """Per whole IndexFile: (indexCount as checked, the compiled slot and chain part)."""
+    from .findings import Collector
+
+    loaded = _kernel()
+    files = _files(Collector(root), root / "index", geometry)  # verify reports these later
+    out = {}
+    try:
+        for f in files:
+            ic = min(f.header.index_count, geometry.index_num)
+            o = np.zeros(loaded[0].CHECKS, np.int64)
+            loaded[0].check_chains(f.slots.view(np.uint32), f.entries.view(np.uint32),
+                                   loaded[1], ic, geometry.hash_slot_num, o)
+            out[str(f.path)] = (ic, o.tolist())
+    finally:
+        for f in files:
+            f.close()
+    return out
+
+
+class ChainCheck:
+    """The slot and chain part of the compiled IndexFile check, run in a child process
+    beside the CommitLog scan (it needs nothing the scan finds); :func:`check_index` takes
+    its answer for each file whose indexCount is still what it saw. Only with the kernel
+    on and at least :data:`CHAINS_BESIDE_MIN` bytes of IndexFiles (a fork costs more for
+    small ones); a child that fails only means the check runs after the scan."""
+
+    def __init__(self, root: Path, cfg, processes: int | None = None):
+        self._job = None
+        self._answer: dict | None = None
+        geometry = _geometry(cfg)
+        if geometry is None or processes == 1 or _kernel() is None:
+            return
+        index_dir = root / "index"
+        sizes = [e.size for e in entries(index_dir) if e.kind == "file"] \
+            if index_dir.is_dir() else []
+        if sum(sizes) >= CHAINS_BESIDE_MIN:
+            from ..scan.parallel import Child
+
+            self._job = Child(lambda: _chain_outputs(root, geometry))
+
+    def answer(self) -> dict:
+        """{path: (indexCount, chain part)}, empty when there is none."""
+        if self._answer is None:
+            job, self._job = self._job, None
+            try:
+                self._answer = job.result() if job is not None else {}
+            except Exception:  # noqa: BLE001 - the check then runs in this process
+                self._answer = {}
+        return self._answer
+
+    def __enter__(self) -> "ChainCheck":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.answer()  # the child reaped, whatever happened
+
+
 def _check_file(c, f: IndexFile, valid_off, end: int, min_offset: int,
-                odd: np.ndarray | None = None) -> None:
+                odd: np.ndarray | None = None, chains: list[int] | None = None) -> None:
     g, h = f.geometry, f.header
     entry_at = lambda e: g.entries_start + e * L.INDEX_ENTRY_SIZE  # noqa: E731
-    x = compiled_facts(f, valid_off, end, min_offset, odd)
+    x = compiled_facts(f, valid_off, end, min_offset, odd, chains)
     used[x is None and "numpy" or "kernel"] += 1
     if x is None:
         x = file_facts(f, valid_off, end, min_offset, odd)
@@ -299,12 +373,15 @@ def _deep(c, files: list[IndexFile], d, end: int, index_dir: Path) -> None:
               commitLogOffset=p, count=len(dup))
 
 
-def check_index(c, root: Path, cfg, scan, d, *, deep: bool = False) -> None:
-    if not cfg.message_index_enable or "max_hash_slot_num" in cfg.undetermined:
-        return  # an unknown geometry is the "geometry-unknown" finding, not a file error
+def check_index(c, root: Path, cfg, scan, d, *, deep: bool = False,
+                chains: ChainCheck | None = None) -> None:
+    """IndexFile findings (``chains``: the slot and chain part, if started beside the scan)."""
+    geometry = _geometry(cfg)
+    if geometry is None:
+        return
     index_dir = root / "index"
-    geometry = IndexGeometry(cfg.max_hash_slot_num, cfg.max_index_num)
     files = _files(c, index_dir, geometry)
+    done = chains.answer() if chains is not None else {}
     try:
         pos = scan.records("offset")  # positions: sorted
         stored = scan.records("physical_offset")
@@ -315,7 +392,10 @@ def check_index(c, root: Path, cfg, scan, d, *, deep: bool = False) -> None:
         valid_off = np.union1d(pos, odd) if len(odd) else pos
         min_offset = int(scan.parts[0].start) if scan.parts else 0
         for f in files:
-            _check_file(c, f, valid_off, scan.end, min_offset, odd)
+            ic, part = done.get(str(f.path), (None, None))
+            same = ic == min(f.header.index_count, geometry.index_num)  # not appended since
+            used["beside"] += same
+            _check_file(c, f, valid_off, scan.end, min_offset, odd, part if same else None)
         ko = d.key_offset  # CommitLog order: sorted, so unique is a diff
         if len(odd):
             ko = np.unique(ko[~sorted_isin(ko, odd)])
