@@ -20,8 +20,9 @@ What is checked (each finding code is documented in :data:`CODES`):
 * checkpoint, abort and lock (§8, §10): what a broker would do on its next start.
 
 Cost: one parallel bulk scan of the CommitLog (CRC included), the same one ``rebuild``
-uses, plus one pass over each ConsumeQueue and IndexFile; ``deep`` adds a sort of all
-index entries.
+uses (its workers also group their ranges per queue), plus one pass over each
+ConsumeQueue and IndexFile (compiled; big IndexFiles' slots and chains are checked beside
+the scan); ``deep`` adds a sort of all index entries.
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ same slot, so a well-formed file has no cycle; every entry is a slot head or the
 predecessor of exactly one entry), and entry pointers against the valid records.
 Across files: the CommitLog ranges they cover leave no keyed record out. ``deep``
 compares the multiset of (key hash, offset) pairs with what dispatch would put (§7.3).
+
+Each file's facts (:class:`FileFacts`) come from numpy (:func:`file_facts`, the
+definition) or from the compiled check (:mod:`rmqstore.files.index_jit`: one pass over the
+entries, the slots and chains part beside the CommitLog scan for big files:
+:class:`ChainCheck`); one function turns them into findings.
 """
 
 from __future__ import annotations
@@ -202,6 +207,15 @@ def _chain_outputs(root: Path, geometry: IndexGeometry) -> dict[str, tuple[int, 
     return out
 
 
+def _warm_chains() -> None:
+    """``check_chains`` run once on a one-entry file, with the argument types a mapped
+    file gives (read-only words), so its compiled code is in memory."""
+    K, geo = _kernel()
+    slots, ents = np.zeros(1, np.uint32), np.zeros(2 * int(geo[K.G_ENTRY_W]), np.uint32)
+    slots.flags.writeable = ents.flags.writeable = False
+    K.check_chains(slots, ents, geo, 1, 1, np.zeros(K.CHECKS, np.int64))
+
+
 class ChainCheck:
     """The slot and chain part of the compiled IndexFile check, run in a child process
     beside the CommitLog scan (it needs nothing the scan finds); :func:`check_index` takes
@@ -219,8 +233,13 @@ class ChainCheck:
         sizes = [e.size for e in entries(index_dir) if e.kind == "file"] \
             if index_dir.is_dir() else []
         if sum(sizes) >= CHAINS_BESIDE_MIN:
+            from ..scan import segment_pass
             from ..scan.parallel import Child
 
+            # Compiled code loaded here once, before any fork: the child and the scan's
+            # workers inherit it instead of each loading it again.
+            segment_pass.warm()
+            _warm_chains()
             self._job = Child(lambda: _chain_outputs(root, geometry))
 
     def answer(self) -> dict:
