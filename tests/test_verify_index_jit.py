@@ -1,8 +1,9 @@
 """verify's IndexFile check compiled (files/index_jit.check_chains, check_pointers) reports
-what its numpy definition (recovery/verify_index.file_facts) reports: the same facts for every file and
-the same findings (codes, files, offsets, wording), on the RocketMQ fixture stores and on
-seeded damage to their IndexFiles (a wrong slot, a broken chain, a key no chain reaches, a
-wrong offset, a wrong indexCount, a truncated file, random words); and a kernel that gets
+what its numpy definition (recovery/verify_index.file_facts) reports: the same facts for
+every file and the same findings (codes, files, offsets, wording), on the RocketMQ fixture
+stores and on seeded damage to their IndexFiles (a wrong slot, a broken or merged chain, a
+self-linked entry, a key no chain reaches, a wrong offset, a wrong indexCount, a truncated
+file, random words), also with the chains checked beside the scan; and a kernel that gets
 one count wrong is caught."""
 
 from __future__ import annotations

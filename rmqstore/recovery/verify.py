@@ -333,8 +333,8 @@ def verify(root: str | os.PathLike, *, deep: bool = False, config: StoreConfig |
             return VerifyReport(str(root), c.findings, log.min_offset, scan.end, scan.reason,
                                 d.messages, d.bytes, forecast, time.perf_counter() - t0, scan,
                                 d, v)
-    with ChainCheck(root, cfg, processes) as chains, \
-            SegmentQueue(cfg.commit_log_dirs, cfg.mapped_file_size_commit_log, kind="commitlog") as q:
+    with ChainCheck(root, cfg, processes) as chains, SegmentQueue(
+            cfg.commit_log_dirs, cfg.mapped_file_size_commit_log, kind="commitlog") as q:
         scan, d = scan_dispatched(cfg, check_crc=check_crc, processes=processes,
                                   progress=progress, queue=q)
         facts = check_commitlog(c, q, scan, cp, abort)

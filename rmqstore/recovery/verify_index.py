@@ -61,7 +61,8 @@ def _files(c, index_dir: Path, geometry: IndexGeometry) -> list[IndexFile]:
 class FileFacts:
     """What verify reports about one IndexFile's entries (entry numbers, not positions;
     -1: none). :func:`file_facts` (numpy) defines every field; the compiled form
-    (:mod:`rmqstore.files.index_jit`, ``check_entries``) must give the same."""
+    (:mod:`rmqstore.files.index_jit`: ``check_chains``, ``check_pointers``) must give the
+    same."""
 
     ic: int  # indexCount as checked (at most maxIndexNum)
     phy_span: tuple[int, int] | None  # first and last entry's phyOffset
@@ -147,7 +148,8 @@ used: Counter = Counter()
 
 
 def compiled_facts(f: IndexFile, valid_off, end: int, min_offset: int,
-                   odd: np.ndarray | None = None, chains: list[int] | None = None) -> FileFacts | None:
+                   odd: np.ndarray | None = None,
+                   chains: list[int] | None = None) -> FileFacts | None:
     """:func:`file_facts` by the compiled check, or None (take numpy); ``chains``: the
     slot and chain part, when :class:`ChainCheck` made it for this file as it is."""
     loaded = _kernel()

@@ -179,7 +179,8 @@ def grouped_dispatch(chains: list[list[dict]], segment_size: int, from_offset: i
     return scan, cq, ix
 
 
-def dispatched(scan: StoreScan, from_offset: int = 0, chains: list[list[dict]] | None = None) -> Dispatched:
+def dispatched(scan: StoreScan, from_offset: int = 0,
+               chains: list[list[dict]] | None = None) -> Dispatched:
     """The units per queue and the index puts of ``scan``'s valid records at or after
     ``from_offset`` (spec §6.1, §7.3), each segment grouped by :func:`pack_grouped`, or
     from ``chains``: per segment, its ranges' grouped parts (:func:`verify_split`)."""
