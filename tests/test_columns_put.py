@@ -18,7 +18,7 @@ from rmqstore.format.rules import SCHEDULE_TOPIC
 from rmqstore.format.message import Host
 from rmqstore.format.hashing import index_hash
 from rmqstore.engine.batch_dispatch import put_index_hashes
-from rmqstore.format.hashing import topic_token_hashes
+from rmqstore.format.hashing import prefix_hash, token_hashes
 from rmqstore.engine.message_batch import MessageBatch
 from rmqstore.files.config import StoreConfig
 from rmqstore.files.index import IndexGeometry
@@ -202,11 +202,18 @@ def test_token_hashes_match_index_hash():
     alphabet = "abcXYZ09_-#%! ~\x7f"
     tokens = ["".join(rnd.choice(alphabet) for _ in range(rnd.choice([0, 1, 2, 7, 31, 64, 256])))
               for _ in range(3000)]
-    for topic in ("T", "BenchTopic", "%RETRY%group"):
-        got = topic_token_hashes(topic, tokens)
+    topics = ("T", "BenchTopic", "%RETRY%group")
+    for topic in topics:
+        got = token_hashes(prefix_hash(topic), tokens)
         assert got.tolist() == [index_hash(f"{topic}#{t}") for t in tokens]
-    assert topic_token_hashes("T", ["é"]) is None and topic_token_hashes("T", ["a\x00"]) is None
-    assert topic_token_hashes("T", ["a" * 257]) is None
+    # tokens of several topics: one prefix hash per token
+    of = [topics[i % 3] for i in range(len(tokens))]
+    got = token_hashes(np.array([prefix_hash(t) for t in of], np.uint64), tokens)
+    assert got.tolist() == [index_hash(f"{t}#{k}") for t, k in zip(of, tokens)]
+    T = prefix_hash("T")
+    assert token_hashes(T, ["é"]) is None
+    assert token_hashes(T, ["a\x00"]).tolist() == [index_hash("T#a\x00")]
+    assert token_hashes(T, ["a" * 257]) is None
 
 
 @pytest.mark.parametrize("slots", [7, 100_003])  # chains inside batches / mostly none

@@ -359,7 +359,12 @@ class CommitLogAppender:
             return None
         born, store = msg.born_host, msg.store_host
         hosts = self._hosts
-        if born is not hosts[0] or store is not hosts[1]:
+        if born is not hosts[0]:
+            # Born hosts vary by client; only their width matters here (spec §3.2:
+            # the sysFlag bit and the fixed part's size), the rest is the store host's.
+            if store is not hosts[1] or len(born[0]) != len(hosts[0][0]):
+                hosts = self._hosts_entry(born, store)
+        elif store is not hosts[1]:
             hosts = self._hosts_entry(born, store)
         _, _, fixed, st, host_bits, prefix = hosts
         total = fixed + blen + tlen + plen

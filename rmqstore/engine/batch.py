@@ -78,11 +78,12 @@ class QueueRanks:
     does not advance its queue offset: PREPARED, ROLLBACK), its ``rank`` among the
     messages of its queue (batch order), how many each key takes (``used``), and
     ``order``, the messages sorted by key, stably (None when they are in one queue).
-    ``queue_ids`` is the queue ids as an array."""
+    ``queue_ids`` is the queue ids as an array. ``topic_codes`` (the distinct topic names,
+    each message's number among them) may stand in for ``topics``."""
 
     __slots__ = ("keys", "codes", "rank", "used", "order", "queue_ids", "advance")
 
-    def __init__(self, topic: str | None, topics, qids, advance, n: int):
+    def __init__(self, topic: str | None, topics, qids, advance, n: int, topic_codes=None):
         # advance: True, False or a bool array (rules.advances_queue_offset)
         q = np.broadcast_to(np.asarray(qids, dtype=np.int64), (n,))
         if topic is not None and isinstance(qids, int):
@@ -99,6 +100,15 @@ class QueueRanks:
             else:
                 uq, codes = np.unique(q, return_inverse=True)
                 keys = [(topic, x) for x in uq.tolist()]
+        elif topic_codes is not None and int(q.min()) >= 0 and int(q.max()) < 1 << 20:
+            names, tc = topic_codes
+            span = int(q.max()) + 1
+            comb = tc * span + q
+            present = np.flatnonzero(np.bincount(comb, minlength=len(names) * span))
+            lut = np.empty(len(names) * span, dtype=np.int64)
+            lut[present] = np.arange(len(present))
+            codes = lut[comb]
+            keys = [(names[x // span], x % span) for x in present.tolist()]
         else:
             kmap: dict = {}
             codes = np.fromiter((kmap.setdefault(x, len(kmap)) for x in zip(topics, q.tolist())),
@@ -241,7 +251,8 @@ def put_columns(a, batch: MessageBatch, stamp: bool, record=None):
     qids = _int_column(batch.queue_ids, n)
     # PREPARED / ROLLBACK take no queue offset (and so no CQ unit: gets_cq_unit)
     advance = advances_queue_offset(tx)
-    ranks = QueueRanks(topic if single else None, topics, qids, advance, n)
+    tcodes = None if single else (tnames, topic_codes)
+    ranks = QueueRanks(topic if single else None, topics, qids, advance, n, tcodes)
     rel = np.cumsum(totals)
     rel -= totals
     hdr = record_headers(n, dtype, born, st_host, _int_column(batch.flag, n),
@@ -273,7 +284,8 @@ def put_columns(a, batch: MessageBatch, stamp: bool, record=None):
             cols = WrittenColumns(topic if single else None, topics, distinct, ranks.queue_ids,
                                   qoffs, phys, totals, sys_arr, tx, store_ts, ranks.keys,
                                   ranks.codes, ranks.used, ranks.order, base,
-                                  properties=batch.properties, cols=cols_info, texts=texts)
+                                  properties=batch.properties, cols=cols_info, texts=texts,
+                                  topic_codes=tcodes)
             try:
                 record(cols)
             except StoreIOError as e:  # the batch is written: it is put (MessageStore._failed)

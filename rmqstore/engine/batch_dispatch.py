@@ -26,8 +26,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..format import layout as L
-from ..format.hashing import index_hashes, topic_span_hashes, topic_token_hashes
-from ..format.message import parse_properties
+from ..format.hashing import index_hashes, joined_spans, key_token_spans, span_token_hashes
+from ..format.message import parse_properties, split_keys
 from ..format.rules import SCHEDULE_TOPIC, gets_cq_unit, gets_index_keys, tags_code
 from .results import Appended
 
@@ -69,6 +69,7 @@ class WrittenColumns:
     cols: dict = field(default_factory=dict)  # property name -> PropertyColumn
     parsed: list | None = None
     texts: list | None = None
+    topic_codes: tuple | None = None  # (topic names, each record's number) when ``topics``
     _named: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -203,7 +204,7 @@ def dispatch_columns(dispatcher, c: WrittenColumns) -> None:
             if indexed.all():
                 indexed = None
         if indexed is not False:
-            h, phy, kts = _index_entries(c, indexed)
+            h, phy, kts = _index_entries(dispatcher, c, indexed)
             if h is not None and len(h):
                 put_index_hashes(index, h, phy, kts)
     dispatcher.dispatched += n
@@ -259,12 +260,7 @@ def _tags_codes(dispatcher, c: WrittenColumns):
     return codes
 
 
-def _single_tokens(keys) -> bool:
-    """Every KEYS value is one non-empty token (no None, no space)."""
-    return None not in keys and "" not in keys and " " not in "".join(keys)
-
-
-def _index_entries(c: WrittenColumns, indexed):
+def _index_entries(dispatcher, c: WrittenColumns, indexed):
     """(hashes, offsets, timestamps) of the index keys in dispatch order: per message
     UNIQ_KEY, then each KEYS token (spec §7.3); ``indexed`` None means every message."""
     n = len(c)
@@ -273,22 +269,14 @@ def _index_entries(c: WrittenColumns, indexed):
         return None, None, None
     ts = c.store_timestamps
     tsa = np.broadcast_to(np.asarray(ts, dtype=np.int64), (n,))
-    if c.topic is not None and indexed is None:
-        cols = []
-        for name in ("UNIQ_KEY", "KEYS"):
-            h = _column_hashes(c, name)
-            if h is None:
-                cols = None
-                break
-            if len(h):
-                cols.append(h)
-        if cols is not None:
-            if not cols:
-                return None, None, None
-            if len(cols) == 1:
-                return cols[0], c.offsets, tsa
-            return (np.column_stack(cols).ravel(), np.repeat(c.offsets, 2), np.repeat(tsa, 2))
-    # The general case: key strings, hashed together.
+    got = _vector_keys(dispatcher, c, uniq, keys)
+    if got is not None:
+        h, rec = got
+        if indexed is not None:
+            keep = indexed[rec]
+            h, rec = h[keep], rec[keep]
+        return h, c.offsets[rec], tsa[rec]
+    # The general case (a key not ASCII or over 256 bytes): key strings.
     topics = c.topic_list()
     us = itertools.repeat(uniq, n) if uniq is None or isinstance(uniq, str) else uniq
     ks = itertools.repeat(keys, n) if keys is None or isinstance(keys, str) else keys
@@ -301,46 +289,80 @@ def _index_entries(c: WrittenColumns, indexed):
             full.append(f"{t}#{u}")
             kphy.append(p)
             kts.append(x)
-        if kk:
-            for tok in kk.split(" "):
-                if tok:
-                    full.append(f"{t}#{tok}")
-                    kphy.append(p)
-                    kts.append(x)
+        for tok in split_keys(kk):
+            full.append(f"{t}#{tok}")
+            kphy.append(p)
+            kts.append(x)
     if not full:
         return None, None, None
     return index_hashes(full), kphy, kts
 
 
-def _column_hashes(c: WrittenColumns, name: str) -> np.ndarray | None:
-    """Index hashes of one key per message from UNIQ_KEY (the whole value) or KEYS (one
-    token each): an empty array when the property is absent or an empty KEYS, None
-    when the fast forms do not apply (several tokens, not ASCII, ...)."""
-    v = c.column(name)
+def _vector_keys(dispatcher, c: WrittenColumns, uniq, keys):
+    """(index hashes, record of each) of every record's UNIQ_KEY and KEYS tokens, in
+    dispatch order, hashed in bulk from the topics' prefix hashes
+    (:func:`~rmqstore.format.hashing.span_token_hashes`); None when a key is not ASCII
+    or is over 256 bytes."""
     n = len(c)
-    keys = name == "KEYS"
-    if v is None or (keys and isinstance(v, str) and v == ""):
-        return np.zeros(0, dtype=np.int64)
-    if isinstance(v, str):
-        if keys and " " in v:
+    if c.topic is not None:
+        prefix = dispatcher.prefix_of(c.topic)
+    elif c.topic_codes is not None:
+        names, codes = c.topic_codes
+        prefix = np.array([dispatcher.prefix_of(t) for t in names], dtype=np.uint64)[codes]
+    else:
+        table = {t: dispatcher.prefix_of(t) for t in c.distinct}
+        prefix = np.fromiter(map(table.__getitem__, c.topics), dtype=np.uint64, count=n)
+    many = not isinstance(prefix, int)
+    hs, recs = [], []
+    if uniq is not None:
+        info = c.cols.get("UNIQ_KEY")
+        if info is not None and info.buf is not None and info.ascii:
+            rec, spans = np.arange(n, dtype=np.int64), (info.buf, info.ends, info.lens)
+        else:
+            if isinstance(uniq, str):
+                uniq = [uniq] * n
+            if None in uniq:
+                rec = np.flatnonzero(np.fromiter((u is not None for u in uniq), dtype=bool,
+                                                 count=n))
+                uniq = [u for u in uniq if u is not None]
+            else:
+                rec = np.arange(n, dtype=np.int64)
+            spans = joined_spans(uniq) if len(uniq) else ()
+        if spans is None:
             return None
-        h = topic_token_hashes(c.topic, [v])
-        return None if h is None else np.repeat(h, n)
-    info = c.cols.get(name)
-    if keys:
-        if info is not None and info.codes is None:
-            if info.spaces or not info.lens.all():
-                return None  # several tokens, or an empty KEYS (no tokens)
-        elif not _single_tokens(v if info is None else info.distinct):
+        if spans:
+            h = span_token_hashes(prefix[rec] if many else prefix, *spans)
+            if h is None:
+                return None
+            hs.append(h)
+            recs.append(rec)
+    if keys is not None:
+        info = c.cols.get("KEYS")
+        if info is not None and info.buf is not None and info.ascii and not info.gap_space:
+            buf, ends, lens = info.buf, info.ends, info.lens
+        else:
+            if isinstance(keys, str):
+                keys = [keys] * n
+            if None in keys:
+                keys = [k if k is not None else "" for k in keys]
+            spans = joined_spans(keys)
+            if spans is None:
+                return None
+            buf, ends, lens = spans
+        rec, ends, lens = key_token_spans(buf, ends, lens)
+        h = span_token_hashes(prefix[rec] if many else prefix, buf, ends, lens)
+        if h is None:
             return None
-    if info is None:
-        return None if None in v else topic_token_hashes(c.topic, v)
-    if info.codes is not None:
-        h = topic_token_hashes(c.topic, info.distinct)
-        return None if h is None else h[info.codes]
-    if not info.ascii:
-        return None
-    return topic_span_hashes(c.topic, info.buf, info.ends, info.lens)
+        hs.append(h)
+        recs.append(rec)
+    if len(hs) == 1:
+        return hs[0], recs[0]
+    if not hs:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    rec = np.concatenate(recs)
+    # per record its UNIQ_KEY first, then its tokens in order (a stable sort keeps it)
+    order = np.argsort(rec, kind="stable")
+    return np.concatenate(hs)[order], rec[order]
 
 
 def put_index_hashes(index, key_hashes, phy_offsets, store_timestamps) -> None:

@@ -21,26 +21,43 @@ from .prepare import FAST_PROPS_MAX
 _PROPS_LEN = L.RECORD_PROPERTIES_LENGTH_STRUCT
 _SEP = L.PROPERTY_SEPARATOR
 _NV = L.PROPERTY_NAME_VALUE_SEPARATOR
+_SEP_B = _SEP.encode()
 
 
 def _template(properties: Mapping[str, Any], trailing: bool):
-    """(constant pieces, column names, columns) so that text_i = c0 + col1[i] + c1 + ...
-    + colk[i] + ck, valid when no column holds None."""
-    consts, names, cols, acc, first = [], [], [], "", True
+    """(constant pieces, column names, columns, which columns are optional) so that
+    ``text_i = (c0 + col1[i] + c1 + ... + colk[i] + ck)[1:]``: every pair is written with
+    the separator before it (``\x02name\x01value``) and the text's first byte dropped,
+    which is the join ``serialize_properties`` makes. A column holding None (an
+    optional property, absent there) carries its whole pair in its values ("" where
+    absent), so the constants around it hold for every record. None when an optional
+    column holds a value that is not a str (the generic way then decides)."""
+    consts, names, cols, optional, acc = [], [], [], [], ""
     for name, v in properties.items():
-        acc += ("" if first else _SEP) + name + _NV
-        first = False
+        pair = _SEP + name + _NV
         if isinstance(v, str):
-            acc += v
+            acc += pair + v
+            continue
+        if type(v) is list and v and type(v[0]) is str and v.count(v[0]) == len(v):
+            acc += pair + v[0]  # the same value everywhere: a constant
+            continue
+        opt = isinstance(v, (list, tuple)) and None in v
+        if opt:
+            try:
+                v = ["" if x is None else pair + x for x in v]
+            except TypeError:
+                return None
         else:
-            consts.append(acc)
-            names.append(name)
-            cols.append(v)
-            acc = ""
-    if not first and trailing:
+            acc += pair
+        consts.append(acc)
+        names.append(name)
+        cols.append(v)
+        optional.append(opt)
+        acc = ""
+    if properties and trailing:
         acc += _SEP
     consts.append(acc)
-    return consts, names, cols
+    return consts, names, cols, optional
 
 
 def _texts_generic(properties: Mapping[str, Any], n: int, trailing: bool) -> list[str]:
@@ -60,12 +77,11 @@ def _encode_texts(texts: list[str]) -> list[bytes]:
 
 @dataclass(slots=True)
 class PropertyColumn:
-    """One per-message property column as encoded, kept for dispatch.
-
-    Categorical (few distinct values): ``codes`` index ``distinct``. Free: ``buf`` holds
-    the values UTF-8 encoded, each followed by the template's next constant and a NUL;
-    value i is ``buf[ends[i] - lens[i]:ends[i]]``; ``ascii`` says every value is ASCII.
-    """
+    """One per-message property column as encoded, kept for dispatch: each value's
+    encoded length; for a column of few distinct values (TAGS) ``codes`` into
+    ``distinct``; for the others ``buf``, the encoded text the values sit in (value i
+    is ``buf[ends[i] - lens[i]:ends[i]]``), ``ascii`` (every value is ASCII) and
+    ``gap_space`` (a space between the values, in the constants)."""
 
     values: Sequence
     lens: np.ndarray
@@ -74,7 +90,7 @@ class PropertyColumn:
     buf: np.ndarray | None = None
     ends: np.ndarray | None = None
     ascii: bool = False
-    spaces: int = -1  # free: spaces inside the values (not the constants between them)
+    gap_space: bool = True
 
 
 def _categorical(col, n: int) -> bool:
@@ -124,38 +140,67 @@ def _encode_columns(consts: list[str], cols: list, n: int):
             parts = data.split(b"\x00")
             if len(parts) != n:
                 return None  # a value holds a NUL
-            buf = np.frombuffer(data, dtype=np.uint8)
-            ends = np.empty(n, dtype=np.int64)
-            ends[:-1] = np.flatnonzero(buf == 0)
-            ends[-1] = len(data)
-            starts = np.empty(n, dtype=np.int64)
-            starts[0] = 0
-            starts[1:] = ends[:-1] + 1
-            ends -= len(cenc[j])
-            spaces = text.count(" ") - n * tail.count(" ")
-            infos.append(PropertyColumn(col, ends - starts, buf=buf, ends=ends, ascii=text.isascii(),
-                              codes=None, distinct=parts, spaces=spaces))  # distinct: pieces, for now
+            gap = len(cenc[j]) + 1  # the constant after each value, and a NUL
+            lens = np.fromiter(map(len, parts), dtype=np.int64, count=n) - (gap - 1)
+            ends = np.cumsum(lens + gap)
+            ends -= gap
+            infos.append(PropertyColumn(col, lens, None, parts,  # distinct: pieces, for now
+                                        np.frombuffer(data, dtype=np.uint8), ends,
+                                        text.isascii(), " " in tail))
     lead = 0
     while lead < len(infos) and infos[lead].codes is not None:
         lead += 1
     pieces = []
-    for j, info in enumerate(infos, start=1):
-        if j <= lead:
-            continue
-        if info.codes is not None:
-            table = [v.encode() + cenc[j] for v in info.distinct]
-            pieces.append(list(map(table.__getitem__, info.codes.tolist())))
-        else:
+    j = lead + 1
+    while j <= len(infos):
+        info = infos[j - 1]
+        if info.codes is None:
             pieces.append(info.distinct)
             info.distinct = None
+            j += 1
+            continue
+        run = [j]  # consecutive categorical columns: one piece per record
+        while run[-1] < len(infos) and infos[run[-1]].codes is not None:
+            run.append(run[-1] + 1)
+        got = _categorical_pieces([(infos[k - 1], cenc[k]) for k in run])
+        if got is None:
+            return None
+        pieces.append(got)
+        j = run[-1] + 1
     return pieces, lead, cenc, infos
 
 
+def _categorical_pieces(cats: list[tuple[PropertyColumn, bytes]]) -> list[bytes] | None:
+    """Per record, the values of consecutive categorical columns each with the constant
+    after it, one bytes object per distinct combination."""
+    if len(cats) == 1:
+        info, cj = cats[0]
+        table = [v.encode() + cj for v in info.distinct]
+        return list(map(table.__getitem__, info.codes.tolist()))
+    comb, span = 0, 1
+    for info, _ in cats:
+        span *= len(info.distinct)
+        comb = comb * len(info.distinct) + info.codes
+    if span >= 1 << 62:
+        return None
+
+    def piece(u: int) -> bytes:
+        out = []
+        for info, cj in reversed(cats):
+            u, c = divmod(u, len(info.distinct))
+            out.append(info.distinct[c].encode() + cj)
+        return b"".join(reversed(out))
+
+    return list(map(_Pieces(piece).__getitem__, comb.tolist()))
+
+
 def _lead_pieces(tblocks: list[bytes], topic_codes, plens: np.ndarray, cenc0: bytes,
-                 cats: list[tuple[PropertyColumn, bytes]]) -> list[bytes] | None:
+                 cats: list[tuple[PropertyColumn, bytes]], strip: int = 0) -> list[bytes] | None:
     """Per record: topic length + topic, properties length, the first constant and the
-    leading categorical columns with their constants, one bytes object per distinct
-    combination (a dict lookup per record). None if the combinations do not fit int64."""
+    leading categorical columns with their constants, the first ``strip`` bytes (the
+    separator before the first pair, see :func:`_template`) dropped, one bytes object per
+    distinct combination (a dict lookup per record). None if the combinations do not fit
+    int64, or when a record's separator to drop is not in its lead piece."""
     comb = plens if topic_codes is None else plens + topic_codes * (FAST_PROPS_MAX + 1)
     span = (FAST_PROPS_MAX + 1) * len(tblocks)
     for info, _ in cats:
@@ -170,9 +215,21 @@ def _lead_pieces(tblocks: list[bytes], topic_codes, plens: np.ndarray, cenc0: by
             rest, c = divmod(rest, len(info.distinct))
             tail.append(info.distinct[c].encode() + cj)
         t, pl = divmod(rest, FAST_PROPS_MAX + 1)
-        return b"".join([tblocks[t], _PROPS_LEN.pack(pl), cenc0, *reversed(tail)])
+        lead = b"".join([cenc0, *reversed(tail)])
+        if strip:
+            if lead[:1] != _SEP_B:
+                raise _NoLead  # the first present pair comes later: the generic way
+            lead = lead[1:]
+        return b"".join([tblocks[t], _PROPS_LEN.pack(pl), lead])
 
-    return list(map(_Pieces(piece).__getitem__, comb.tolist()))
+    try:
+        return list(map(_Pieces(piece).__getitem__, comb.tolist()))
+    except _NoLead:
+        return None
+
+
+class _NoLead(Exception):
+    pass
 
 
 class _Pieces(dict):
@@ -198,19 +255,24 @@ def encode_properties(batch, n: int, trailing: bool, tblocks: list[bytes],
     texts = None
     enc = None
     if batch.properties_texts is None:
-        consts, names, cols = _template(batch.properties, trailing)
-        enc = _encode_columns(consts, cols, n) if n else None
+        tpl = _template(batch.properties, trailing)
+        if tpl is not None and n:
+            consts, names, cols, optional = tpl
+            enc = _encode_columns(consts, cols, n)
     if enc is not None:
         pieces, lead, cenc, infos = enc
-        plens = np.full(n, sum(map(len, cenc)), dtype=np.int64)
+        strip = len(_SEP_B) if batch.properties else 0
+        plens = np.full(n, sum(map(len, cenc)) - strip, dtype=np.int64)
         for info in infos:
             plens += info.lens
         if int(plens.max()) > FAST_PROPS_MAX:
             return None
         cats = [(infos[j], cenc[j + 1]) for j in range(lead)]
-        first = _lead_pieces(tblocks, topic_codes, plens, cenc[0], cats)
+        first = _lead_pieces(tblocks, topic_codes, plens, cenc[0], cats, strip)
         if first is not None:
-            return [first] + pieces, plens, dict(zip(names, infos)), None
+            # an optional column's values hold its pair: dispatch reads the given column
+            named = {k: info for k, info, opt in zip(names, infos, optional) if not opt}
+            return [first] + pieces, plens, named, None
     if batch.properties_texts is not None:
         texts = list(batch.properties_texts)
         props_b = _encode_texts(texts)

@@ -46,6 +46,11 @@ class IndexKeys:
         self._room = 0
         self._lag_end = 0
 
+    def prefix_of(self, topic: str) -> int:
+        """:func:`~rmqstore.format.hashing.prefix_hash` of ``topic`` (cached)."""
+        ph = self._key_prefix.get(topic)
+        return ph if ph is not None else self._topic_prefix_hash(topic)
+
     def _topic_prefix_hash(self, topic: str) -> int:
         ph = prefix_hash(topic)
         if len(self._key_prefix) < _PREFIX_CACHE_MAX:
@@ -92,9 +97,13 @@ class IndexKeys:
             return
         self._pending = []
         topics, keys, phys, stamps = pend[0::4], pend[1::4], pend[2::4], pend[3::4]
-        h = None
         if topics.count(topics[0]) == len(topics):
-            h = self._index_hashes_of(topics[0], keys)
+            prefix = self.prefix_of(topics[0])
+        else:  # several topics: each key's own topic# hash
+            table = {t: self.prefix_of(t) for t in set(topics)}
+            prefix = np.fromiter(map(table.__getitem__, topics), dtype=np.uint64,
+                                 count=len(topics))
+        h = token_hashes(prefix, keys)
         if h is None:
             h = index_hashes([f"{t}#{k}" for t, k in zip(topics, keys)])
         self.index.put_hashes(h, phys, stamps, skip_stale=True)
@@ -135,11 +144,3 @@ class IndexKeys:
             index.current_file()
             files = index.files
         return files
-
-    def _index_hashes_of(self, topic: str, tokens: Sequence[str]) -> np.ndarray | None:
-        """:func:`~rmqstore.format.hashing.token_hashes` from the topic's cached prefix hash."""
-        ph = self._key_prefix.get(topic)
-        if ph is None:
-            ph = self._topic_prefix_hash(topic)
-        return token_hashes(ph, tokens)
-

@@ -7,10 +7,10 @@ hash built on it (spec §7.2: ``abs(hash("topic#key"))``, ``Integer.MIN_VALUE`` 
   ``h(a + b) = h(a) * 31**len(b) + h(b)``: a topic's ``topic#`` hash (:func:`prefix_hash`)
   is computed once and every key only adds its token. For an ASCII token each code
   ``c = 31 * (c // 31) + c % 31`` splits into two base-31 digits, so
-  ``h(token) = 31 * int(q, 31) + int(r, 31)``: two C-level parses (:func:`token_hash`), or
-  one matrix product per token length for many (:func:`token_hashes`), or, for the
-  columnar put's tokens, one right-aligned matrix product for all of them
-  (:func:`topic_token_hashes`, :func:`topic_span_hashes` over an encoded buffer);
+  ``h(token) = 31 * int(q, 31) + int(r, 31)``: two C-level parses (:func:`token_hash`);
+  many tokens, of one topic or several, are one right-aligned matrix product
+  (:func:`token_hashes`, or :func:`span_token_hashes` over an encoded buffer; KEYS
+  values split into tokens in bulk by :func:`key_token_spans`);
 * byte spans of a mapped buffer, read as text (:func:`span_hash`), and the index hash from
   the hashes of its parts (:func:`index_hash_from`).
 
@@ -98,7 +98,6 @@ def index_hash_many(keys: Sequence[str]) -> np.ndarray:
 
 FAST_KEY_MAX = 256  # longer tokens take the general hash
 _POW_N = pow31(FAST_KEY_MAX + 1).tolist()  # Python ints: the scalar fast form
-_POW_ROWS = [tuple(_POW_N[n - 1::-1]) if n else () for n in range(FAST_KEY_MAX + 1)]
 _DIGITS31 = b"0123456789abcdefghijklmnopqrstu"
 _Q31 = bytes(_DIGITS31[c // 31] if c < 128 else 48 for c in range(256))
 _R31 = bytes(_DIGITS31[c % 31] if c < 128 else 48 for c in range(256))
@@ -122,83 +121,92 @@ def token_hash(prefix: int, topic: str, token: str) -> int:
     return index_hash(f"{topic}#{token}")
 
 
-def token_hashes(prefix: int, tokens: Sequence[str]) -> np.ndarray | None:
-    """Index hashes of ``topic#token`` for many ASCII tokens of one topic, vectorised per
-    token length; None when a token is not ASCII or longer than FAST_KEY_MAX."""
-    joined = "".join(tokens)
-    if not joined.isascii():
+def token_hashes(prefix, tokens: Sequence[str]) -> np.ndarray | None:
+    """Index hashes (int64) of ``topic#token`` for many ASCII tokens, given
+    ``prefix = prefix_hash(topic)``: an int for every token, or one per token (tokens of
+    several topics). None when a token is not ASCII or longer than FAST_KEY_MAX: the
+    caller then hashes the key strings (:func:`index_hashes`)."""
+    spans = joined_spans(tokens)
+    if spans is None:
         return None
-    n = len(tokens)
-    lens = np.fromiter(map(len, tokens), dtype=np.int64, count=n)
-    if n and int(lens.max()) > FAST_KEY_MAX:
-        return None
-    units = np.frombuffer(joined.encode("ascii"), dtype=np.uint8).astype(np.uint64)
-    starts = np.cumsum(lens) - lens
-    h = np.empty(n, dtype=np.uint64)
-    for length in np.unique(lens).tolist():
-        sel = np.flatnonzero(lens == length)
-        pows = np.array(_POW_ROWS[length], dtype=np.uint64)
-        part = (units[starts[sel, None] + np.arange(length)] * pows).sum(axis=1) if length \
-            else np.zeros(len(sel), dtype=np.uint64)
-        h[sel] = (part + np.uint64(prefix * _POW_N[length] & 0xFFFFFFFF)) & np.uint64(0xFFFFFFFF)
-    return index_abs_many(h)
+    return span_token_hashes(prefix, *spans)
 
 
-_POW31_N = pow31(FAST_KEY_MAX + 1).copy()
-_POW31_F = _POW31_N.astype(np.float64)
-_prefix_terms: dict[str, np.ndarray] = {}
-
-
-def topic_token_hashes(topic: str, tokens) -> np.ndarray | None:
-    """Index hashes (spec §7.2) of ``topic#token`` for ASCII tokens without NUL, as int64
-    (None otherwise: the caller then hashes the key strings)."""
-    n = len(tokens)
+def joined_spans(values: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``values`` joined as ASCII bytes, and where each ends and its length; None when a
+    value is not an ASCII str."""
     try:
-        joined = "\x00".join(tokens)
+        joined = "".join(values)
     except TypeError:
         return None
     if not joined.isascii():
         return None
-    buf = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
-    ends = np.empty(n, dtype=np.int64)
-    seps = np.flatnonzero(buf == 0)
-    if len(seps) != n - 1:
-        return None  # a token holds a NUL
-    ends[:-1] = seps
-    ends[-1] = len(buf)
-    lens = np.empty(n, dtype=np.int64)
-    lens[0] = ends[0]
-    np.subtract(ends[1:], seps + 1, out=lens[1:])
-    return topic_span_hashes(topic, buf, ends, lens)
+    lens = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    return np.frombuffer(joined.encode("ascii"), dtype=np.uint8), np.cumsum(lens), lens
 
 
-def topic_span_hashes(topic: str, buf: np.ndarray, ends: np.ndarray,
-                 lens: np.ndarray) -> np.ndarray | None:
-    """Index hashes of ``topic#token`` for the ASCII tokens ``buf[ends - lens:ends]``:
-    right-aligned into an (n, longest) matrix (bytes before a token zeroed) and summed
-    against powers of 31 (exact in float64: each sum is below 2**47), plus the topic's
-    ``topic#`` hash times 31**len (mod 2**32). None for a token over 256 bytes."""
+_POW31_N = pow31(FAST_KEY_MAX + 1).copy()
+_POW31_F = _POW31_N.astype(np.float64)
+
+
+def span_token_hashes(prefix, buf: np.ndarray, ends: np.ndarray,
+                      lens: np.ndarray) -> np.ndarray | None:
+    """Index hashes (int64) of ``topic#token`` for the ASCII tokens ``buf[ends - lens:ends]``
+    given their topics' :func:`prefix_hash` (an int, or one per token): ``h(topic# + token)
+    = h(topic#) * 31**len + h(token)`` mod 2**32, the tokens right-aligned into an
+    (n, longest) matrix (bytes before a shorter token zeroed) and summed against powers
+    of 31 (exact in float64: each sum is below 2**47). None for a token over
+    FAST_KEY_MAX bytes."""
     width = int(lens.max()) if len(lens) else 0
     if width > FAST_KEY_MAX:
         return None
-    terms = _prefix_terms.get(topic)
-    if terms is None:
-        ph = prefix_hash(topic)
-        terms = (_POW31_N * np.uint64(ph)) & np.uint64(0xFFFFFFFF)
-        if len(_prefix_terms) >= 4096:
-            _prefix_terms.clear()
-        _prefix_terms[topic] = terms
-    h = terms[lens]
+    # both factors are below 2**32: the product fits uint64 before the mod
+    h = np.asarray(prefix, dtype=np.uint64) * _POW31_N[lens]
     if width:
-        padded = np.zeros(width + len(buf), dtype=np.uint8)
-        padded[width:] = buf
-        cols = np.arange(width)
-        mat = padded[ends[:, None] + cols]  # token i ends at column width - 1
-        mat[cols < (width - lens)[:, None]] = 0  # bytes before the token
-        part = mat.astype(np.float64) @ _POW31_F[width - 1::-1]
-        h = h + part.astype(np.uint64)
+        mat = _rows_ending(buf, ends, width)
+        if int(lens.min()) < width:
+            cols = np.arange(width)
+            mat[cols < (width - lens)[:, None]] = 0  # bytes before the token
+        h += (mat.astype(np.float64) @ _POW31_F[width - 1::-1]).astype(np.uint64)
     h &= np.uint64(0xFFFFFFFF)
     return index_abs_many(h)
+
+
+def _rows_ending(buf: np.ndarray, ends: np.ndarray, width: int) -> np.ndarray:
+    """An (n, width) uint8 matrix: the ``width`` bytes before each of ``ends`` (zeros
+    before the buffer's start), copied as one void item per row (:func:`span_rows`)."""
+    if len(ends) and int(ends.min()) < width:
+        padded = np.zeros(width + len(buf), dtype=np.uint8)
+        padded[width:] = buf
+        return span_rows(padded, ends, width)
+    return span_rows(buf, ends - width, width)
+
+
+def key_token_spans(buf: np.ndarray, ends: np.ndarray,
+                    lens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The KEYS tokens of the values ``buf[ends - lens:ends]`` (in order, no space in
+    ``buf`` outside them) as the index sees them
+    (:func:`rmqstore.format.message.split_keys`: split at spaces, empty tokens dropped):
+    each token's value number, end and length, in order."""
+    if not len(ends):
+        return ends, ends, ends
+    spaces = np.flatnonzero(buf == 32)
+    # Every token ends at a cut: a space (the next token starts after it) or a value's
+    # end (the next starts at the next value); at one position the value's end is first.
+    pos = np.concatenate((ends, spaces))
+    after = np.concatenate((ends - lens, spaces + 1))
+    after[:len(ends) - 1] = after[1:len(ends)]
+    is_end = np.zeros(len(pos), dtype=np.int64)
+    is_end[:len(ends)] = 1
+    order = np.argsort(pos * 2 + (1 - is_end), kind="stable")
+    tok_end, after, is_end = pos[order], after[order], is_end[order]
+    starts = np.empty_like(tok_end)
+    starts[0] = ends[0] - lens[0]
+    starts[1:] = after[:-1]
+    value = np.cumsum(is_end) - is_end  # value ends before this cut
+    lens = tok_end - starts
+    keep = lens > 0
+    return value[keep], tok_end[keep], lens[keep]
 
 
 def index_hashes(keys: Sequence[str]) -> np.ndarray:
