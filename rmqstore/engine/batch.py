@@ -15,8 +15,8 @@ Python object per message:
   varying columns), records are joined once and copied into the segment with one write;
 * BODYCRC is ``format.crc.crc32`` (zlib's CRC-32) per body (the store computes it; nothing is taken on trust);
 * dispatch reads TAGS/KEYS/UNIQ_KEY from the columns: tagsCodes hashed once per distinct
-  tag, CQ units of each queue written as one dense block, index keys hashed per token
-  length from the topic's ``topic#`` prefix hash and put with ``IndexService.put_hashes``.
+  tag, CQ units of each queue written as one dense block, index keys hashed all at once
+  from their topics' ``topic#`` prefix hashes and put with ``IndexFile.put_many``.
 
 Anything unusual (a refused message, magic v2, a SCHEDULE_TOPIC delay, mixed host
 widths, properties over 16 KiB, bodies over maxMessageSize) takes put_batch with the

@@ -12,9 +12,9 @@ Every bulk dispatch is :func:`dispatch_columns` over a :class:`WrittenColumns`:
 
 tagsCodes are hashed once per distinct tag (the delivery time for ``SCHEDULE_TOPIC``,
 :func:`rmqstore.format.rules.tags_code`), the CQ units of each queue are written as one
-block (``Dispatcher.put_units``) when their queue offsets run on by one, index keys are
-hashed per token length from the topic's ``topic#`` prefix hash and put with
-``IndexFile.put_many``."""
+block (``Dispatcher.put_units``) when their queue offsets run on by one, index keys (each
+record's UNIQ_KEY, then its KEYS tokens) are hashed all at once from their topics'
+``topic#`` prefix hashes and put with ``IndexFile.put_many``."""
 
 from __future__ import annotations
 

@@ -202,6 +202,9 @@ def key_token_spans(buf: np.ndarray, ends: np.ndarray,
     if not len(ends):
         return ends, ends, ends
     spaces = np.flatnonzero(buf == 32)
+    if not len(spaces):  # one token a value (or none, when empty): the usual KEYS
+        keep = np.flatnonzero(lens)
+        return keep, ends[keep], lens[keep]
     # Every token ends at a cut: a space (the next token starts after it) or a value's
     # end (the next starts at the next value); at one position the value's end is first.
     pos = np.concatenate((ends, spaces))
