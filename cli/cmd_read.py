@@ -200,10 +200,13 @@ def _dump_messages(targets, config, filters, limit, out, mode, charset, sink, *,
                 if kind.kind == "store":
                     report_config(reader.config)
                 scan = reader.scan(MessageFilter.make(**filters, limit=state["left"]), unwrap=unwrap)
-                for d in scan.dicts(mode, charset=charset, sink=sink):
-                    if len(targets) > 1:
-                        d["store"] = str(path)
-                    yield d
+                extra = {"store": str(path)} if len(targets) > 1 else None
+                if out.fmt is Format.jsonl and sink is None:
+                    # Lines rendered a block at a time, the same text write_jsonl makes.
+                    yield from scan.json_lines(mode, charset=charset, extra=extra)
+                else:
+                    for d in scan.dicts(mode, charset=charset, sink=sink):
+                        yield {**d, **extra} if extra else d
                 state["damaged"] |= _scan_warning(out, path, scan)
                 if state["left"] is not None:
                     state["left"] -= scan.given

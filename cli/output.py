@@ -254,7 +254,7 @@ class Output:
         if not items:
             return 0
         if fmt is Format.jsonl:
-            return write_jsonl(rows, self.sink.write, self._lock)
+            return write_jsonl(rows, self.sink.write, self._lock, self.sink.write_bytes)
         return self._csv.rows(rows, fields, columns)
 
     def record(self, obj: Mapping[str, Any], *, title: str | None = None,

@@ -77,6 +77,19 @@ class Sink:
         if self._held_lines >= self._lines:
             self._start_pager()
 
+    def write_bytes(self, data: bytes) -> None:
+        """UTF-8 text given as bytes (lines the library encoded): straight to the binary
+        stream under the text one when that is UTF-8 and nothing is held back, else as
+        text; the same bytes either way."""
+        raw = getattr(self._out, "buffer", None)
+        enc = (getattr(self._out, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+        if self._held is not None or raw is None or enc != "utf8":
+            self.write(data.decode("utf-8"))
+            return
+        self._out.flush()  # what the text layer holds goes first
+        raw.write(data)
+        self._dirty = True
+
     def _count(self, text: str) -> int:
         """Screen lines ``text`` adds (long lines wrap)."""
         parts = text.split("\n")

@@ -11,6 +11,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from cli import terminal
 from cli.cells import csv_text
 from cli.formats import Format, encode_json
+from rmqstore.json_lines import JsonLines
 
 
 class JsonDoc:
@@ -84,10 +85,22 @@ class _SinkFile:
         self.write = write
 
 
-def write_jsonl(rows: Iterable, write: Callable[[str], None], lock) -> int:
-    """One compact JSON object per line, written as the rows come; returns how many."""
+def write_jsonl(rows: Iterable, write: Callable[[str], None], lock,
+                write_bytes: Callable[[bytes], None] | None = None) -> int:
+    """One compact JSON object per line, written as the rows come; returns how many.
+    A :class:`~rmqstore.json_lines.JsonLines` item is lines the library encoded already
+    (the same text, as UTF-8): written as they are (``write_bytes``), counted as the rows
+    they hold."""
     n = 0
     for row in rows:
+        if isinstance(row, JsonLines):
+            with lock:
+                if write_bytes is not None:
+                    write_bytes(row.data)
+                else:
+                    write(row.text)
+            n += row.count
+            continue
         text = terminal.json_safe(encode_json(row)) + "\n"
         with lock:
             write(text)

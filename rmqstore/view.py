@@ -240,7 +240,7 @@ def message_dicts(cols, body: str = "base64", indices=None, *, charset: str = "u
         chunk = idx[start:start + 8192]
         columns = [getattr(cols, f)[chunk].tolist() for f in fields]
         columns += [tids[chunk].tolist(), born_keys[chunk].tolist(), store_keys[chunk].tolist(),
-                    cols.take(chunk).crc_ok().tolist(), chunk.tolist()]
+                    cols.crc_ok(chunk).tolist(), chunk.tolist()]
         for (size, magic, crc, qid, flag, qoff, sysf, born_ts, store_ts, recon, prep, phys,
              bpos, blen, ppos, plen, tid, bkey, skey, crc_ok, i) in zip(*columns):
             born = born_text.get(bkey)

@@ -156,6 +156,7 @@ _FIXED_DTYPES = [L.RECORD_FIXED_DTYPE[c] for c in _COMBOS]
 # Fields before the hosts sit at one offset whatever the host widths.
 _HEAD_FIELDS = frozenset(n for n, (offs, _) in _FIELD_TABLE.items() if (offs == offs[0]).all())
 _FIXED = " fixed"  # cache key of the gathered fixed prefixes (never an attribute name)
+_CRC = " crc"  # cache key of the body CRC answers (crc_ok)
 
 
 def _fixed_rows(u8: np.ndarray, pos: np.ndarray, combo: int) -> np.ndarray:
@@ -278,11 +279,20 @@ class RecordColumns:
     def message(self, i: int) -> Message:
         return decode_record(self.u8, int(self.pos[i]), base=self.base)
 
-    def crc_ok(self) -> np.ndarray:
-        """Whether each record's body matches its BODYCRC (an empty body always does)."""
-        n = self.body_len
-        got = crc32_spans(self.u8, self.body_pos, n).astype(np.int64) & BODY_CRC_MASK
-        return (got == self.body_crc) | (n <= 0)
+    def crc_ok(self, sel=None) -> np.ndarray:
+        """Whether each record's body matches its BODYCRC (an empty body always does); of
+        records ``sel`` only, when given. Answers are kept: a record's body is read once
+        however often it is asked about (a dump asks when counting and when printing)."""
+        memo = self._cache.get(_CRC)
+        if memo is None:
+            memo = self._cache[_CRC] = np.full(len(self), -1, np.int8)  # -1: not read yet
+        idx = np.arange(len(self)) if sel is None else np.asarray(sel)
+        todo = idx[memo[idx] < 0]
+        if len(todo):
+            n = self.body_len[todo]
+            got = crc32_spans(self.u8, self.body_pos[todo], n).astype(np.int64) & BODY_CRC_MASK
+            memo[todo] = (got == self.body_crc[todo]) | (n <= 0)
+        return memo[idx] == 1
 
 
 def _combo(c: RecordColumns) -> None:
