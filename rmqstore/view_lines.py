@@ -195,14 +195,17 @@ def _kernel_block(K, t: _Tables, block, body, mode, charset, tz, extra) -> JsonL
     recs[:, K.C_M0:K.C_M0 + K.MONTHS] = starts
     recs[:, K.C_NMONTH] = count
     pool, at = t.arrays()
-    # The worst case: every pair's text escaped six-fold twice (the object, then tags,
-    # keys, uniqKey), every body byte six-fold (text) and the fixed part at its longest.
-    fixed = t.fixed + 4 * int(np.diff(at).max()) + 512
-    room = fixed * n + 16 * int(recs[:, K.C_PROPS_LEN].sum()) + 6 * int(recs[:, K.C_BODY_LEN].sum())
-    out = t.buffer(room)
+    # The part of a line that does not grow with its properties and body, at its longest:
+    # every constant piece, four table entries (topic, hosts, prefix), 20 numbers of 20
+    # characters (the header's and uniqKeyInfo's), and 128 for the rest (the offset's 16
+    # hex digits, a 39-character IPv6 text, brackets, quotes, the newline).
+    fixed = t.fixed + 4 * int(np.diff(at).max()) + 20 * 20 + 128
+    # The kernel's room() of every record, summed (room is linear in its arguments).
+    out = t.buffer(n * K.room(fixed, 0, 0) + K.room(0, int(recs[:, K.C_PROPS_LEN].sum()),
+                                                    int(recs[:, K.C_BODY_LEN].sum())) - K.room(0, 0, 0))
     ends = np.empty(n, np.int64)
     ok = np.empty(n, np.uint8)
-    K.render(out, cols.u8, recs, pool, at, mode, L.SYSFLAG_COMPRESSED, SLACK_MS, ends, ok)
+    K.render(out, cols.u8, recs, pool, at, mode, L.SYSFLAG_COMPRESSED, SLACK_MS, fixed, ends, ok)
     used["kernel"] += n
     bad = np.flatnonzero(ok == 0)
     if not len(bad):

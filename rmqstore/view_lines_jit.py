@@ -53,7 +53,7 @@ _PLAIN[[_QUOTE, _BSLASH]] = 1
 U = np.uint64
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _piece(out, o, pool, at, k):
     """Piece ``k`` of ``pool``."""
     for i in range(at[U(k)], at[U(k + 1)]):
@@ -68,7 +68,7 @@ def _byte(out, o, b):
     return o + 1
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _int(out, o, v):
     """``v`` (int64) in decimal, as Python's ``str(int)``."""
     if v < 0:
@@ -138,7 +138,7 @@ def _utf8_len(src, i, b):
     return 0
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _string(out, o, src, a, b, pool, hexl):
     """``src[a:b]``, UTF-8 text, as a JSON string the way ``json.dumps(...,
     ensure_ascii=False)`` then ``json_safe`` write it: ``"`` and ``\\`` escaped, C0 controls
@@ -194,7 +194,7 @@ def _string(out, o, src, a, b, pool, hexl):
     return o + 1
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _base64(out, o, src, a, b, pool, alpha):
     """``"..."``: standard base64 with padding of ``src[a:b]``, as ``base64.b64encode``."""
     out[U(o)] = _QUOTE
@@ -246,7 +246,7 @@ def _hex_value(c):
     return np.int64(-1)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _hex_int(src, a, b):
     v = np.int64(0)
     for i in range(a, b):
@@ -466,10 +466,22 @@ def _record(out, o, src, rec, pool, at, mode, compressed, slack, sa, sm, sb, hea
 
 
 @njit(cache=True, nogil=True)
-def render(out, src, recs, pool, at, mode, compressed, slack, ends, ok):
-    """Each record of ``recs`` as one line into ``out`` (sized by the caller for the worst
-    case); ``ends[r]`` is where record r's line ends, ``ok[r]`` 0 when it was left to the
-    per-record path (its line is then empty). Returns the bytes written."""
+def room(fixed, props_len, body_len):
+    """The most bytes a record's line takes: every properties byte escaped six-fold in the
+    object and again in tags, keys or uniqKey, with the quotes, colons and commas of pairs
+    (a pair is three bytes or more) and tokens; every body byte six-fold (text, escaped);
+    ``fixed`` for the rest (pieces, tables' longest entries, numbers, uniqKeyInfo)."""
+    return fixed + 16 * props_len + 6 * body_len + 8
+
+
+@njit(cache=True, nogil=True)
+def render(out, src, recs, pool, at, mode, compressed, slack, fixed, ends, ok):
+    """Each record of ``recs`` as one line into ``out``; ``ends[r]`` is where record r's
+    line ends, ``ok[r]`` 0 when it was left to the per-record path (its line is then
+    empty). A line takes at most :func:`room` bytes (``fixed``: the caller's bound of the
+    part that does not grow with the properties and body); a record that might not fit in
+    what is left of ``out`` is left to the per-record path too, so no write goes past the
+    end whatever the caller sized. Returns the bytes written."""
     sa = np.empty(MAX_PAIRS, np.int64)
     sm = np.empty(MAX_PAIRS, np.int64)
     sb = np.empty(MAX_PAIRS, np.int64)
@@ -480,7 +492,10 @@ def render(out, src, recs, pool, at, mode, compressed, slack, ends, ok):
                       [P_TOPIC, C_TOPIC]], np.int64)
     o = 0
     for r in range(recs.shape[0]):
-        e = _record(out, o, src, recs[r], pool, at, mode, compressed, slack, sa, sm, sb, heads)
+        rec = recs[r]
+        e = -1
+        if o + room(fixed, rec[C_PROPS_LEN], rec[C_BODY_LEN]) <= out.shape[0]:
+            e = _record(out, o, src, rec, pool, at, mode, compressed, slack, sa, sm, sb, heads)
         if e < 0:
             ok[r] = 0
         else:

@@ -234,6 +234,17 @@ def test_a_wrong_kernel_is_caught(hostile_store, kernel_always, monkeypatch):
     assert got != want
 
 
+def test_a_short_buffer_leaves_records_to_the_per_record_path(hostile_store, kernel_always,
+                                                               monkeypatch):
+    """The kernel never writes past its buffer: records that might not fit take the
+    per-record path, and the lines stay the same."""
+    real = view_lines._Tables.buffer
+    monkeypatch.setattr(view_lines._Tables, "buffer", lambda self, size: real(self, 4096)[:4096])
+    before = view_lines.used["fallback"]
+    want, got = both(hostile_store, "text")
+    assert got == want and view_lines.used["fallback"] - before > 50
+
+
 # --- generated records (Hypothesis) ------------------------------------------------------
 
 ALPHABET = st.sampled_from(list("aK \x01\x02\"\\\n\t\x00\x1f\x7f\x80\x9f\xa0é订😀\u2028\u2029")
