@@ -25,6 +25,7 @@ from .json_lines import JsonLines, json_line, json_text
 from .uniqkey import SLACK_MS, month_starts
 from .view import message_dicts
 
+_NUMBERS = 19  # integers in a line: 11 in the header, 8 in uniqKeyInfo (4 of them the IPv4)
 #: Records rendered by one call of the kernel (and lines in one block).
 BLOCK = 8192
 #: Below this many records a block takes the per-record path when the kernel is not
@@ -196,10 +197,10 @@ def _kernel_block(K, t: _Tables, block, body, mode, charset, tz, extra) -> JsonL
     recs[:, K.C_NMONTH] = count
     pool, at = t.arrays()
     # The part of a line that does not grow with its properties and body, at its longest:
-    # every constant piece, four table entries (topic, hosts, prefix), 20 numbers of 20
-    # characters (the header's and uniqKeyInfo's), and 128 for the rest (the offset's 16
+    # every constant piece, four table entries (topic, hosts, prefix), the numbers (the
+    # header's and uniqKeyInfo's) at their longest, and 128 for the rest (the offset's 16
     # hex digits, a 39-character IPv6 text, brackets, quotes, the newline).
-    fixed = t.fixed + 4 * int(np.diff(at).max()) + 20 * 20 + 128
+    fixed = t.fixed + 4 * int(np.diff(at).max()) + _NUMBERS * len(str(-2**63)) + 128
     # The kernel's room() of every record, summed (room is linear in its arguments).
     out = t.buffer(n * K.room(fixed, 0, 0) + K.room(0, int(recs[:, K.C_PROPS_LEN].sum()),
                                                     int(recs[:, K.C_BODY_LEN].sum())) - K.room(0, 0, 0))

@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .format import layout as L
+
 # Columns of the per-record table ``recs`` (int64), made by view_lines.
 (C_PHYS, C_SIZE, C_V2, C_CRC, C_QID, C_FLAG, C_QOFF, C_SYSF, C_BORN_TS, C_BORN, C_STORE_TS,
  C_STORE, C_RECON, C_PREP, C_TOPIC, C_PREFIX, C_BODY_POS, C_BODY_LEN, C_PROPS_POS,
@@ -43,11 +45,17 @@ MAX_PAIRS = 64  # properties pairs a record may have here (more: the per-record 
 # JSON punctuation and escapes (RFC 8259).
 _QUOTE, _BSLASH, _COLON, _COMMA = 0x22, 0x5C, 0x3A, 0x2C
 _LBRACE, _RBRACE, _LBRACKET, _RBRACKET, _NL, _MINUS, _ZERO = 0x7B, 0x7D, 0x5B, 0x5D, 0x0A, 0x2D, 0x30
-_SEP_PAIR, _SEP_NAME, _SPACE = 0x02, 0x01, 0x20  # properties text (spec §3.4), KEYS tokens
+_SEP_PAIR, _SEP_NAME = ord(L.PROPERTY_SEPARATOR), ord(L.PROPERTY_NAME_VALUE_SEPARATOR)  # §3.4
+_SPACE = 0x20  # between KEYS tokens (format.message.split_keys)
 # Bytes a JSON string holds as they are (0): printable ASCII but the quote and backslash.
 _PLAIN = np.ones(256, np.uint8)
 _PLAIN[0x20:0x7F] = 0
 _PLAIN[[_QUOTE, _BSLASH]] = 1
+# The two-character escapes json writes (\" \\ \n \r \t \b \f): the letter after the backslash.
+_SHORT = np.zeros(128, np.uint8)
+for _c, _e in ((_QUOTE, _QUOTE), (_BSLASH, _BSLASH), (0x0A, 0x6E), (0x0D, 0x72), (0x09, 0x74),
+               (0x08, 0x62), (0x0C, 0x66)):
+    _SHORT[_c] = _e
 # Array indices go through U (uint64): numba checks a signed index for a negative value
 # on every access, which costs more than the copy itself (5x on a piece's bytes).
 U = np.uint64
@@ -155,19 +163,7 @@ def _string(out, o, src, a, b, pool, hexl):
             i += 1
             continue
         if c < 0x80:
-            short = 0
-            if c == _QUOTE or c == _BSLASH:
-                short = c
-            elif c == 0x0A:
-                short = 0x6E  # n
-            elif c == 0x0D:
-                short = 0x72  # r
-            elif c == 0x09:
-                short = 0x74  # t
-            elif c == 0x08:
-                short = 0x62  # b
-            elif c == 0x0C:
-                short = 0x66  # f
+            short = _SHORT[U(c)]
             if short:
                 out[U(o)] = _BSLASH
                 out[U(o + 1)] = short
