@@ -84,11 +84,11 @@ def check_consume_queues(c, root: Path, cfg, scan, d, min_offset: int, facts: di
                       f"empty unit at {cq.max_offset}; the broker's load stops at the empty one, "
                       "so consumers never see them", queueOffset=hole)
             u = cq.units
-            qo = cq.base_offset + np.arange(len(u), dtype=np.int64)
             off = u["commit_log_offset"].astype(np.int64)
             size = u["size"].astype(np.int64)
-            tags = u["tags_code"].astype(np.int64)
-            state[ref.topic, ref.queue_id] = (ref, cq.max_offset, qo, off, size, tags)
+            # Every queue is held until the reput start is known: as its 20-byte units,
+            # widened one queue at a time when it is checked.
+            state[ref.topic, ref.queue_id] = (ref, cq.max_offset, cq.base_offset, u)
             live = ~((size == L.CQ_PLACEHOLDER_SIZE) & (off == 0)) & (off < end)
             if live.any():
                 k = np.flatnonzero(live)[-1]
@@ -105,11 +105,15 @@ def check_consume_queues(c, root: Path, cfg, scan, d, min_offset: int, facts: di
                 _missing_tail(c, root / "consumequeue" / key[0] / str(key[1]), fs, key,
                               eqo[sel], ephy[sel], reput_from)
             continue
-        _check_queue(c, fs, key, state[key], exp, valid_off, end, min_offset, debris, reput_from)
+        _check_queue(c, fs, key, state.pop(key), exp, valid_off, end, min_offset, debris,
+                     reput_from)
 
 
 def _check_queue(c, fs, key, st, exp, valid_off, end, min_offset, debris, reput_from) -> None:
-    ref, max_offset, qo, off, size, tags = st
+    ref, max_offset, base_offset, u = st
+    qo = base_offset + np.arange(len(u), dtype=np.int64)
+    off, size, tags = (u[f].astype(np.int64) for f in ("commit_log_offset", "size", "tags_code"))
+    del u, st  # the 20-byte units: only the widened columns from here
     name = f"{key[0]}/{key[1]}"
     eqo, ephy, esize, etags = exp
     real = ~((size == L.CQ_PLACEHOLDER_SIZE) & (off == 0)) & (off >= min_offset)

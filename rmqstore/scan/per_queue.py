@@ -224,6 +224,10 @@ def join_groups(scan: StoreScan, chains: list[list[dict]], from_offset: int, ind
         base = 0
         for d in chain:
             n = d["n"]
+            if n and "_offsets" not in d and len(p.offset) >= base + n:
+                # The records' offsets are the segment's (merged from these parts), so a
+                # view of them, not a copy per part (handover.record_offsets).
+                d["_offsets"] = p.offset[base:base + n]
             hi = min(k - base, n)
             lo_cq, lo_ix = max(a_cq - base, 0), max(a_ix - base, 0)
             if hi > lo_cq:
@@ -237,16 +241,44 @@ def join_groups(scan: StoreScan, chains: list[list[dict]], from_offset: int, ind
                 if j > i:
                     ix.key_count += j - i
                     if join:
-                        puts.append(keys(d, i, j))
+                        puts.append((d, i, j))
             base += n
             if base >= k:
                 break
-    cq.units = {key: _joined(parts, wide) for key, parts in per_queue.items()}
+    cq.units = {key: _gathered(jobs, _group_units, wide) for key, jobs in per_queue.items()}
     if last_cq >= 0 and store_timestamp_at is not None:
         cq.last_cq_timestamp = store_timestamp_at(last_cq)
     if puts:
-        ix.key_hash, ix.key_offset, ix.key_timestamp = _joined(puts, True)
+        ix.key_hash, ix.key_offset, ix.key_timestamp = _gathered(puts, keys, True)
     return cq, ix
+
+
+def _group_units(d: dict, g: int, a: int, b: int) -> tuple:
+    """(queue offset, PHYSICALOFFSET, size, tagsCode) of units ``a:b`` of group ``g``."""
+    qo, a0 = d["qo"], d["groups"][g][2]
+    q = np.arange(qo[g] + a - a0, qo[g] + b - a0, dtype=np.int64) if d["qo_dense"] else qo[a:b]
+    return (q, *units(d, a, b))
+
+
+def _gathered(jobs: list[tuple], make, wide: bool) -> tuple:
+    """The columns of ``make(*job)`` for each job, joined as :func:`_joined` joins them.
+    With ``wide`` each job's columns are made only as they are copied into the int64
+    arrays made once, so no job's temporaries outlive it (verify's peak memory)."""
+    if not wide:
+        return _joined([make(*j) for j in jobs], False)
+    m = sum(j[-1] - j[-2] for j in jobs)  # a job ends with (first, end)
+    cols: list[np.ndarray] = []
+    at = 0
+    for j in jobs:
+        part = make(*j)
+        if not cols:
+            cols = [np.empty(m, np.int64) for _ in part]
+        n = len(part[0])
+        for col, v in zip(cols, part):
+            col[at:at + n] = v
+        at += n
+    assert at == m
+    return tuple(cols)
 
 
 def _joined(parts: list[tuple], wide: bool) -> tuple:
@@ -271,11 +303,10 @@ def _join_units(d: dict, lo: int, hi: int, n: int, per_queue: dict | None, base:
     """Append the units of records ``lo <= rec < hi`` of one range to their queues (only
     count them without ``per_queue``); returns (CommitLog offset of the last of them or
     -1, how many)."""
-    rec, qo, dense = d["rec"], d["qo"], d["qo_dense"]
+    rec = d["rec"]
     best, count = -1, 0
     whole = lo == 0 and hi == n
     for g, (topic, qid, a, b) in enumerate(d["groups"]):
-        a0 = a
         if not whole:
             r = rec[a:b]
             a, b = a + int(np.searchsorted(r, lo)), a + int(np.searchsorted(r, hi))
@@ -283,8 +314,6 @@ def _join_units(d: dict, lo: int, hi: int, n: int, per_queue: dict | None, base:
                 continue
         count += b - a
         best = max(best, int(rec[b - 1]))
-        if per_queue is None:
-            continue
-        q = np.arange(qo[g] + a - a0, qo[g] + b - a0, dtype=np.int64) if dense else qo[a:b]
-        per_queue.setdefault((topic, qid), []).append((q, *units(d, a, b)))
+        if per_queue is not None:
+            per_queue.setdefault((topic, qid), []).append((d, g, a, b))
     return (int(seg.offset[base + best]) if best >= 0 else -1), count

@@ -15,6 +15,7 @@ from typing import Callable
 from ..files.config import StoreConfig
 from ..files.segments import SegmentQueue
 from .dispatch import StoreScan, store_scan
+from .handover import COLUMNS, GROUPED, HEAD
 from .parallel import Arena, pool_map
 
 #: Below this many CommitLog bytes the scan stays in this process (forking costs more).
@@ -75,8 +76,19 @@ def scan_dispatched(config: StoreConfig, *, check_crc: bool = True,
                              delay_millis=config.delay_millis)
     chains = scan_chains(config, task, processes=processes, progress=progress, queue=queue,
                          split_size=split_size, shared=VERIFY_SHARE)
-    scan = store_scan([merge_splits(c) for c in chains], config.mapped_file_size_commit_log)
+    merged = []
+    for chain in chains:
+        merged.append(merge_splits(chain))
+        for d in chain:  # merged: only the grouped payload is read again (join_groups)
+            for name in _COLUMNS_ONLY:
+                d.pop(name, None)
+    scan = store_scan(merged, config.mapped_file_size_commit_log)
     return scan, dispatched(scan, chains=chains)
+
+
+#: A verify part's fields that only :func:`~rmqstore.scan.dispatch.merge_splits` reads
+#: (``key_hash`` is also the grouped payload's).
+_COLUMNS_ONLY = tuple(sorted(set(COLUMNS) - set(GROUPED) - set(HEAD)))
 
 
 def scan_chains(config: StoreConfig, task, *, processes: int | None = None,
