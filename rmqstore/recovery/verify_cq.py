@@ -8,6 +8,7 @@ and tagsCode. One finding per queue and kind, naming the first unit concerned.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +57,9 @@ def check_consume_queues(c, root: Path, cfg, scan, d, min_offset: int, facts: di
             c.add(p.code, p.path, None, p.detail)
         else:
             c.add("stray-file", p.path, None, f"{p.code}: {p.detail} (under consumequeue/)")
-    valid_off = scan.records("offset")
+    # Every valid record's offset, made only for a queue with units that miss (the whole
+    # log's offsets: a sound store never needs them here).
+    valid_off = functools.cache(lambda: scan.records("offset"))
     debris = facts.get("debris")
     # The broker's reput after a start begins at the largest unit end over all queues,
     # once units past the CommitLog end are cut (spec §9, §10.2).
@@ -140,7 +143,7 @@ def _check_queue(c, fs, key, st, exp, valid_off, end, min_offset, debris, reput_
     hit[hit] = ephy[idx[hit]] == off[inside][hit]
     miss = inside[~hit]
     if len(miss):
-        known = sorted_isin(off[miss], valid_off)
+        known = sorted_isin(off[miss], valid_off())
         for mask, code, why in ((known, "cq-mismatch", "point at valid records of another queue "
                                  "or at records that get no unit (PREPARED/ROLLBACK)"),
                                 (~known, "cq-bad-pointer", "point where no valid record starts")):

@@ -89,6 +89,20 @@ def keep_heap() -> None:
     mallopt(M_TOP_PAD, 64 << 20)
 
 
+def trim_heap() -> None:
+    """Hand the heap's free pages back to the kernel (glibc's ``malloc_trim``).
+
+    A parent that drops many mid-sized arrays (the workers' parts, once merged) keeps their
+    pages: glibc returns only the top of the heap, so the next phases' arrays come on top
+    and the peak counts both. Without glibc this does nothing."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class Child:
     """``fn()`` running in a forked child; :meth:`result` waits for its value (or raises
     its exception in the parent). Call :meth:`result` exactly once."""

@@ -16,7 +16,7 @@ from ..files.config import StoreConfig
 from ..files.segments import SegmentQueue
 from .dispatch import StoreScan, store_scan
 from .handover import COLUMNS, GROUPED, HEAD
-from .parallel import Arena, pool_map
+from .parallel import Arena, pool_map, trim_heap
 
 #: Below this many CommitLog bytes the scan stays in this process (forking costs more).
 PARALLEL_MIN_BYTES = 32 * 1024 * 1024
@@ -68,7 +68,9 @@ def scan_dispatched(config: StoreConfig, *, check_crc: bool = True,
     """(:func:`scan_commitlog`, :func:`~rmqstore.scan.per_queue.dispatched` of it) in one
     scan: each worker also groups its own range per queue (the rule's other way in,
     :func:`~rmqstore.scan.per_queue.verify_split`), and the parts come back through
-    shared memory; what verify reads."""
+    shared memory; what verify reads. Each part's columns are dropped once its segment is
+    merged and the freed heap is handed back (:func:`~rmqstore.scan.parallel.trim_heap`),
+    so the parent never holds a segment's columns twice (verify's peak memory)."""
     from .dispatch import merge_splits
     from .per_queue import dispatched, verify_split
 
@@ -82,8 +84,12 @@ def scan_dispatched(config: StoreConfig, *, check_crc: bool = True,
         for d in chain:  # merged: only the grouped payload is read again (join_groups)
             for name in _COLUMNS_ONLY:
                 d.pop(name, None)
+    trim_heap()
     scan = store_scan(merged, config.mapped_file_size_commit_log)
-    return scan, dispatched(scan, chains=chains)
+    d = dispatched(scan, chains=chains)
+    del chains
+    trim_heap()  # the parts are gone: the checks that follow need their pages
+    return scan, d
 
 
 #: A verify part's fields that only :func:`~rmqstore.scan.dispatch.merge_splits` reads
