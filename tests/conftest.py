@@ -149,3 +149,20 @@ def spark():
     }, python=sys.executable)
     yield s
     s.stop()
+
+
+@pytest.fixture
+def walk_spans(monkeypatch):
+    """The byte spans the record walk (``scan.records.walk_range``) is asked to cover, in
+    order, while the test runs: how much of a segment a read touches."""
+    import rmqstore.scan.records as records
+
+    asked: list[int] = []
+    walk = records.walk_range
+
+    def counting(buf, pos, end, limit):
+        asked.append(end - pos)
+        return walk(buf, pos, end, limit)
+
+    monkeypatch.setattr(records, "walk_range", counting)
+    return asked

@@ -326,21 +326,13 @@ def test_the_command_in_a_process_of_its_own():
 
 # --- a head read ----------------------------------------------------------------------------
 
-def test_a_head_read_renders_only_what_it_prints(tmp_path, monkeypatch):
+def test_a_head_read_renders_only_what_it_prints(tmp_path, monkeypatch, walk_spans):
     """dump -n 5 on a 64 MiB segment: the lines path walks about what the 5 records take
     and renders 5 lines (the per-record path: no compiled kernel is loaded for them)."""
-    import rmqstore.scan.records as S
     from rmqstore.bench_data import make_store
 
     g = make_store(tmp_path / "s", 8 << 20, segment_size=64 << 20, queues_and_index=False)
-    asked = []
-    walk = S.walk_range
-
-    def counting(buf, pos, end, limit):
-        asked.append(end - pos)
-        return walk(buf, pos, end, limit)
-
-    monkeypatch.setattr(S, "walk_range", counting)
+    asked = walk_spans
     monkeypatch.setattr(view_lines, "_kernel", None)  # as in a fresh process
     rendered = view_lines.used["records"] + view_lines.used["kernel"]
     with open_store(g.root) as store:

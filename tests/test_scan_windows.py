@@ -83,20 +83,13 @@ def big_segment(tmp_path_factory):
                       queues_and_index=False)
 
 
-def test_a_head_read_walks_only_the_windows_it_needs(big_segment, monkeypatch):
+def test_a_head_read_walks_only_the_windows_it_needs(big_segment, monkeypatch, walk_spans):
     """dump -n 5's scan: the bytes the record walk is asked to cover (every window it
     opens) stay near what the 5 records take, not a window of 8 MiB or the segment."""
     import rmqstore.scan.records as S
     from rmqstore.selection import MessageFilter
 
-    asked = []
-    walk = S.walk_range
-
-    def counting(buf, pos, end, limit):
-        asked.append(end - pos)
-        return walk(buf, pos, end, limit)
-
-    monkeypatch.setattr(S, "walk_range", counting)
+    asked = walk_spans
     with open_store(big_segment.root) as store:
         got = list(store.scan(MessageFilter.make(limit=5)).messages())
     assert [m.commit_log_offset for m in got] == big_segment.positions[:5].tolist()
