@@ -46,6 +46,14 @@ def _given(s: dict):
     return m
 
 
+def _put_group(st, group: list, given) -> list:
+    """One put of the manifest as the client made it: a batch request through
+    ``put_batch``, else its one message through ``put``; the results in order."""
+    if "batchRequest" in group[0]["request"]:
+        return st.put_batch([given(x["stored"]) for x in group])
+    return [st.put(given(group[0]["stored"]))]
+
+
 def _replay(scenario: str, root, *, config=None, given=None) -> dict:
     """Every put of ``scenario`` through the engine (``config(manifest)``, ``given(stored)``:
     the plain forms by default), each result checked against what RocketMQ stored."""
@@ -53,11 +61,7 @@ def _replay(scenario: str, root, *, config=None, given=None) -> dict:
     given = given or _given
     with MessageStore.open(root, (config or _config)(man), create=True) as st:
         for group in put_groups(man["messages"]):
-            if "batchRequest" in group[0]["request"]:
-                results = st.put_batch([given(x["stored"]) for x in group])
-            else:
-                results = [st.put(given(group[0]["stored"]))]
-            for r, x in zip(results, group):
+            for r, x in zip(_put_group(st, group, given), group):
                 s = x["stored"]
                 assert r.ok, (x["index"], r)
                 assert (r.offset, r.size, r.queue_offset, r.msg_id) == (
@@ -346,10 +350,7 @@ def test_a_reopened_store_goes_on_where_rocketmq_did(scenario, tmp_path):
     for k in range(0, len(groups), 7):
         with MessageStore.open(root, cfg, create=k == 0) as st:
             for group in groups[k:k + 7]:
-                if "batchRequest" in group[0]["request"]:
-                    results = st.put_batch([_given_5x(x["stored"]) for x in group])
-                else:
-                    results = [st.put(_given_5x(group[0]["stored"]))]
+                results = _put_group(st, group, _given_5x)
                 assert [(r.offset, r.queue_offset) for r in results] == [
                     (x["stored"]["phyOffset"], x["stored"]["queueOffset"]) for x in group]
     ref = R5 / scenario
@@ -578,10 +579,7 @@ def test_a_reopen_dispatches_what_the_queues_lack(scenario, tmp_path):
     _new_store(scenario, root)
     with MessageStore.open(root, cfg, create=True, dispatch="off") as st:
         for group in put_groups(man["messages"]):
-            if "batchRequest" in group[0]["request"]:
-                st.put_batch([_given_5x(x["stored"]) for x in group])
-            else:
-                st.put(_given_5x(group[0]["stored"]))
+            _put_group(st, group, _given_5x)
     assert not (root / "batchconsumequeue").exists() and not (root / "consumequeue").exists()
     MessageStore.open(root, cfg).close()
     ref = R5 / scenario
