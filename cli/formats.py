@@ -26,13 +26,13 @@ format lets bytes from a store drive the terminal.
 from __future__ import annotations
 
 import enum
-import json
 import sys
 from typing import Optional
 
 import typer
 
 from cli import terminal
+from rmqstore import json_lines
 
 
 class Format(str, enum.Enum):
@@ -51,8 +51,9 @@ NoPagerOption = typer.Option(False, "--no-pager", help="Do not page output longe
                              "screen (a pager is only used on a terminal: $RMQSTORE_PAGER, "
                              "$PAGER or less, with LESS=FRX).")
 
-#: Compact JSON, non-ASCII as itself: the text of json, jsonl and nested csv/table values.
-encode_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+#: Compact JSON, non-ASCII as itself: the text of json, jsonl and nested csv/table values
+#: (the library's one encoder, :mod:`rmqstore.json_lines`).
+encode_json = json_lines.encode_json
 
 
 def resolve_format(fmt: Optional[Format], stream=None) -> Format:

@@ -13,6 +13,8 @@ import re
 import unicodedata
 from functools import lru_cache
 
+from rmqstore.json_lines import json_safe  # noqa: F401 - the one definition, used as terminal.json_safe
+
 # C0 controls, DEL, C1 controls (ESC's 8-bit twins: U+009B is CSI), the soft hyphen, the
 # bidirectional and zero-width format characters (they reorder or hide text: "Trojan
 # source"), line/paragraph separators, BOM, interlinear annotations, lone surrogates; and
@@ -55,16 +57,6 @@ def clean(message: str) -> str:
 
 # Lone surrogates are how Python holds bytes of a file name that are not UTF-8
 # (surrogateescape): written as escapes they keep JSON valid UTF-8 and the name exact.
-_JSON_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff]")
-
-
-def json_safe(encoded: str) -> str:
-    """Compact JSON with DEL, the C1 controls, U+2028/2029 and lone surrogates (non-UTF-8
-    bytes of a file name) written as ``\\uXXXX``: the same JSON value (json escapes C0
-    itself), valid UTF-8, and nothing a terminal acts on."""
-    if encoded.isascii() and "\x7f" not in encoded:
-        return encoded
-    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", encoded)
 
 
 @lru_cache(maxsize=4096)

@@ -2,9 +2,9 @@
 carries many lines at once from the library to the output layer.
 
 The text of a value is compact JSON with non-ASCII as itself, then DEL, the C1 controls,
-U+2028/9 and lone surrogates written as ``\\uXXXX``: what the CLI's output layer writes
-(``cli.formats.encode_json`` then ``cli.terminal.json_safe``); tests/test_dump_lines.py
-holds the two to the same text. Light on purpose: the CLI imports it at start.
+U+2028/9 and lone surrogates written as ``\\uXXXX``: the one definition, which the CLI's
+output layer uses for every JSON text it writes (``cli.formats.encode_json``,
+``cli.terminal.json_safe``). Light on purpose: the CLI imports it at start.
 """
 
 from __future__ import annotations
@@ -13,16 +13,23 @@ import json
 import re
 from typing import Any, Mapping
 
-_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+#: Compact JSON, non-ASCII as itself (before :func:`json_safe`).
+encode_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def json_safe(encoded: str) -> str:
+    """Compact JSON with DEL, the C1 controls, U+2028/2029 and lone surrogates (non-UTF-8
+    bytes of a file name) written as ``\\uXXXX``: the same JSON value (json escapes C0
+    itself), valid UTF-8, and nothing a terminal acts on."""
+    if encoded.isascii() and "\x7f" not in encoded:
+        return encoded
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", encoded)
 
 
 def json_text(value: Any) -> str:
     """``value`` as compact JSON text (see the module docstring)."""
-    text = _ENCODE(value)
-    if text.isascii() and "\x7f" not in text:
-        return text
-    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return json_safe(encode_json(value))
 
 
 def json_line(obj: Mapping[str, Any]) -> str:
@@ -54,4 +61,4 @@ class JsonLines:
         return JsonLines(self.data[:end + 1], n)
 
 
-__all__ = ["JsonLines", "json_line", "json_text"]
+__all__ = ["JsonLines", "encode_json", "json_line", "json_safe", "json_text"]
