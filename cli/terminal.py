@@ -13,7 +13,8 @@ import re
 import unicodedata
 from functools import lru_cache
 
-from rmqstore.json_lines import json_safe  # noqa: F401 - the one definition, used as terminal.json_safe
+# the one definition, which callers reach as terminal.json_safe
+from rmqstore.json_lines import json_safe  # noqa: F401
 
 # C0 controls, DEL, C1 controls (ESC's 8-bit twins: U+009B is CSI), the soft hyphen, the
 # bidirectional and zero-width format characters (they reorder or hide text: "Trojan

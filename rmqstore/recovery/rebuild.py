@@ -20,8 +20,8 @@ With ``from_offset`` only records at or after it are re-dispatched: ConsumeQueue
 pointing there or later are cut first, and index files that reach it are rebuilt from the
 end of the last index file before it (the §7.3 ``offset < endPhyOffset`` skip applies).
 
-``verify`` uses :func:`rmqstore.scan.runner.scan_commitlog`: the same workers, handing back
-every field of every record, merged per segment.
+``verify`` uses :func:`rmqstore.scan.runner.scan_dispatched`: the same workers, handing back
+every field of every record, merged per segment, and their ranges grouped per queue.
 """
 
 from __future__ import annotations

@@ -14,9 +14,11 @@ of consecutive ranges, cut at the end of valid data and at the start offsets.
   :func:`~rmqstore.scan.dispatch.store_scan` does and joins each queue's groups range by
   range (:func:`grouped_dispatch`): no whole-log columns are merged, sorted or gathered
   in the one process that runs alone after the workers finish.
-- ``verify`` and ``repair`` have every field of every record, merged per segment
-  (:func:`rmqstore.scan.runner.scan_commitlog`): :func:`dispatched` groups each segment
-  of that scan the same way and joins them.
+- ``verify`` has every field of every record, merged per segment, and each range grouped
+  per queue by its worker (:func:`verify_split`, through
+  :func:`rmqstore.scan.runner.scan_dispatched`): :func:`dispatched` joins those groups;
+  given a scan alone (:func:`rmqstore.scan.runner.scan_commitlog`), it groups each
+  segment of it the same way and joins them.
 """
 
 from __future__ import annotations
@@ -261,11 +263,12 @@ def _group_units(d: dict, g: int, a: int, b: int) -> tuple:
 
 
 def _gathered(jobs: list[tuple], make, wide: bool) -> tuple:
-    """The columns of ``make(*job)`` for each job, joined as :func:`_joined` joins them.
+    """The columns of ``make(*job)`` for each job, each joined as ``np.concatenate`` joins it.
     With ``wide`` each job's columns are made only as they are copied into the int64
     arrays made once, so no job's temporaries outlive it (verify's peak memory)."""
     if not wide:
-        return _joined([make(*j) for j in jobs], False)
+        parts = [make(*j) for j in jobs]
+        return tuple(np.concatenate(c) if len(c) > 1 else c[0] for c in zip(*parts))
     m = sum(j[-1] - j[-2] for j in jobs)  # a job ends with (first, end)
     cols: list[np.ndarray] = []
     at = 0
@@ -279,23 +282,6 @@ def _gathered(jobs: list[tuple], make, wide: bool) -> tuple:
         at += n
     assert at == m
     return tuple(cols)
-
-
-def _joined(parts: list[tuple], wide: bool) -> tuple:
-    """The columns of ``parts`` (tuples of arrays) each joined as ``np.concatenate`` joins
-    them, or as int64 with ``wide``, copied once into arrays made once."""
-    if len(parts) == 1 and not wide:
-        return parts[0]
-    m = sum(len(p[0]) for p in parts)
-    out = []
-    for c in range(len(parts[0])):
-        col = np.empty(m, np.int64 if wide else np.result_type(*(p[c] for p in parts)))
-        at = 0
-        for p in parts:
-            col[at:at + len(p[c])] = p[c]
-            at += len(p[c])
-        out.append(col)
-    return tuple(out)
 
 
 def _join_units(d: dict, lo: int, hi: int, n: int, per_queue: dict | None, base: int,

@@ -2,8 +2,9 @@
 (:mod:`rmqstore.scan.splits`), the ranges run in parallel worker processes
 (:mod:`rmqstore.scan.parallel`), and their results stitched back along the record chain,
 so the result is exactly a sequential walk of each segment. One runner for verify
-(:func:`scan_commitlog`: every field of every record) and rebuild (a task that hands back
-only what dispatch writes, :mod:`rmqstore.scan.per_queue`).
+(:func:`scan_dispatched`: every field of every record, and what dispatch writes, grouped
+by the workers; :func:`scan_commitlog` for the fields alone) and rebuild (a task that hands
+back only what dispatch writes, :mod:`rmqstore.scan.per_queue`).
 """
 
 from __future__ import annotations
