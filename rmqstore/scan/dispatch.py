@@ -25,7 +25,7 @@ from .records import RecordColumns, columns, consistent, walk_chain, walk_range
 from .properties import PropertyIndex
 from . import handover
 from ..files.ends import VERIFY_SPELLING, ValidEnd
-from ..format.hashing import index_hash_from, signed_int32, span_hash
+from ..format.hashing import index_hash_from, key_token_spans, signed_int32, span_hash
 
 # --- one segment -----------------------------------------------------------------------
 
@@ -129,20 +129,13 @@ def index_keys(cols: RecordColumns, u8, segs, names, tid):
     if spaced.any():
         # KEYS tokens: split the value on single spaces, dropping empty tokens.
         sr = kr[spaced]
-        total = int(klen[sr].sum())
-        base = np.repeat(kpos[sr] - np.concatenate(([0], np.cumsum(klen[sr])[:-1])), klen[sr])
-        flat_pos = base + np.arange(total)
-        owner = np.repeat(sr, klen[sr])
-        sp = u8[flat_pos] == 0x20
-        starts_flag = np.ones(total, bool)
-        starts_flag[1:] = (owner[1:] != owner[:-1]) | sp[:-1]
-        starts_flag &= ~sp
-        st = np.flatnonzero(starts_flag)
-        brk = np.flatnonzero(sp | np.r_[owner[1:] != owner[:-1], True])
-        en = brk[np.searchsorted(brk, st, side="left")]
-        en = np.where(sp[en], en, en + 1)
-        h2, u2 = span_hash(u8, flat_pos[st], en - st)
-        tok_rec = np.concatenate([tok_rec, owner[st]])
+        vlen = klen[sr].astype(np.int64)
+        vend = np.cumsum(vlen)
+        flat_pos = np.repeat(kpos[sr] - (vend - vlen), vlen) + np.arange(int(vend[-1]))
+        # the values back to back, split as the index splits them (format/hashing)
+        value, tok_end, tok_len = key_token_spans(u8[flat_pos], vend, vlen)
+        h2, u2 = span_hash(u8, flat_pos[tok_end - tok_len], tok_len)
+        tok_rec = np.concatenate([tok_rec, sr[value]])
         tok_h = np.concatenate([tok_h, h2])
         tok_u = np.concatenate([tok_u, u2])
         order = np.argsort(tok_rec, kind="stable")  # tokens of one record stay in order
