@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from conftest import ROCKETMQ_498, copy_store
+from conftest import copy_store
 from rmqstore.files import index_jit
 from rmqstore.files.config import config_for
 from rmqstore.files.index import IndexFile, IndexGeometry
@@ -161,9 +161,11 @@ def _facts_both(root: Path, monkeypatch) -> list[tuple]:
 
 
 @pytest.fixture
-def store(tmp_path):
+def store(tmp_path, fixtures_root):
+    """A copy of a RocketMQ 4.9.8 fixture store (skipped with the fixtures' reason where
+    ../shared/fixtures is absent)."""
     def make(base: str) -> Path:
-        return copy_store(ROCKETMQ_498 / base, tmp_path / base)
+        return copy_store(fixtures_root / base, tmp_path / base)
     return make
 
 
@@ -210,10 +212,10 @@ def test_damage_is_found(store, monkeypatch):
 @given(seed=st.integers(0, 2**32 - 1), kinds=st.lists(st.sampled_from(DAMAGES[:-2] + ["noise"]),
                                                        min_size=1, max_size=3))
 @example(seed=7, kinds=["noise", "wrong-slot"])
-def test_combined_damage_same_facts(seed, kinds):
+def test_combined_damage_same_facts(fixtures_root, seed, kinds):
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as d, pytest.MonkeyPatch.context() as mp:
-        root = copy_store(ROCKETMQ_498 / rng.choice(BASES), Path(d) / "s")
+        root = copy_store(fixtures_root / rng.choice(BASES), Path(d) / "s")
         cfg = config_for(root, None)
         for kind in kinds:  # the geometry of the undamaged files: damage can hide it
             _damage(root, kind, rng, (cfg.max_hash_slot_num, cfg.max_index_num))
